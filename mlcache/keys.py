@@ -1,0 +1,75 @@
+"""Canonical byte keys for the byte levels.
+
+A byte-level key is ``namespace + b"\\x1f" + msgpack(key)``. It must be identical in every
+process (so never ``hash()``, which is salted per process) and reversible (structures list
+their keys by scanning a prefix). Supported user keys are ``str``, ``int``, ``bytes`` and
+tuples of them; ``bool`` is folded into ``int`` exactly as a ``dict`` treats ``True == 1``.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import msgpack
+
+__all__ = ["SEP", "check_key", "encode_key", "decode_key", "namespace_prefix", "split_key"]
+
+SEP = b"\x1f"
+_TUPLE = 1
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(_TUPLE, msgpack.packb([_norm(x) for x in obj], default=_default,
+                                                     use_bin_type=True, strict_types=True))
+    raise TypeError(f"unsupported key type: {type(obj).__name__}")
+
+
+def _norm(x: Any) -> Any:
+    if x is True or x is False:
+        return int(x)
+    return x
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _TUPLE:
+        return tuple(msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, use_list=False,
+                                     strict_map_key=False))
+    return msgpack.ExtType(code, data)
+
+
+def check_key(key: Any) -> None:
+    """Raise ``TypeError`` naming the type if ``key`` is not a supported key."""
+    if isinstance(key, (str, bytes, int)):
+        return
+    if isinstance(key, tuple):
+        for part in key:
+            check_key(part)
+        return
+    raise TypeError(
+        f"mlcache keys must be str, int, bytes or tuples of them, not {type(key).__name__}"
+    )
+
+
+def encode_key(key: Hashable) -> bytes:
+    """Encode a user key to its canonical, process-independent bytes (without namespace)."""
+    check_key(key)
+    if type(key) is str:  # the common case, kept short
+        return msgpack.packb(key, use_bin_type=True)
+    return msgpack.packb(_norm(key), default=_default, use_bin_type=True, strict_types=True)
+
+
+def decode_key(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, use_list=False,
+                           strict_map_key=False)
+
+
+def namespace_prefix(namespace: str) -> bytes:
+    if not namespace or "\x1f" in namespace:
+        raise ValueError(f"invalid namespace {namespace!r}")
+    return namespace.encode() + SEP
+
+
+def split_key(full: bytes) -> tuple[str, Any]:
+    """Split a full byte key into (namespace, user key)."""
+    ns, _, rest = full.partition(SEP)
+    return ns.decode(), decode_key(rest)

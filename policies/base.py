@@ -1,0 +1,136 @@
+"""The Policy protocol and the registry of policies by name.
+
+A policy decides which key leaves a bounded level. It sees keys, weights and timestamps, never
+values, and does no I/O — so the very same object runs inside the heap level and inside the
+trace simulator (``mlcache.sim``). Storage owns the values and the byte accounting; the policy
+only answers "who leaves".
+
+Contract (checked for every registered policy by ``tests/test_policy_contract.py``):
+
+* ``insert(key, weight, ts)`` adds ``key`` (or, if already present, updates its weight and
+  counts as an access) and returns the keys that must leave so the total weight fits
+  ``capacity``. The list may hold ``key`` itself when the policy declines to admit it, or when
+  its weight alone exceeds the capacity. Returned keys are no longer tracked.
+* ``access(key, ts)`` records a hit; ``remove(key)`` forgets a key (the storage deleted it);
+  both are no-ops for unknown keys.
+* ``hint(key, ts)`` says the key is expected at event time ``ts`` (TAC uses it); default no-op.
+* ``resize(capacity)`` changes the bound and returns the victims needed to fit it.
+* ``len(policy)``, ``key in policy`` and ``policy.total_weight`` describe what is tracked.
+
+Third-party policies register with :func:`register_policy` or through the ``mlcache.policies``
+entry-point group (``name = "package.module:Class"``).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar, Hashable, Iterator, Protocol, runtime_checkable
+
+__all__ = ["Policy", "BasePolicy", "register_policy", "get_policy", "available_policies"]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: ClassVar[str]
+    capacity: int
+
+    def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list: ...
+
+    def access(self, key: Hashable, ts: float | None = None) -> None: ...
+
+    def remove(self, key: Hashable) -> None: ...
+
+    def hint(self, key: Hashable, ts: float) -> None: ...
+
+    def resize(self, capacity: int) -> list: ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+
+class BasePolicy:
+    """Convenience base: capacity validation, weight bookkeeping, no-op hint."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, capacity: int, **options: Any) -> None:
+        _check_capacity(capacity)
+        if options:
+            raise _config_error(f"policy.{self.name}", f"unknown options {sorted(options)}")
+        self.capacity = int(capacity)
+        self.total_weight = 0
+
+    def hint(self, key: Hashable, ts: float) -> None:
+        return None
+
+    def keys(self) -> Iterator[Hashable]:  # pragma: no cover - overridden
+        return iter(())
+
+
+def _config_error(field: str, message: str) -> Exception:
+    from mlcache.errors import ConfigError
+
+    return ConfigError(field, message)
+
+
+def _check_capacity(capacity: Any) -> None:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise _config_error("capacity", f"must be a positive integer, got {capacity!r}")
+
+
+_REGISTRY: dict[str, type] = {}
+_LOCK = threading.Lock()
+_ENTRY_POINTS_LOADED = False
+_BUILTIN_MODULES = ("lru", "clock", "wtinylfu", "tac", "belady", "dedup", "slidem", "sieve")
+
+
+def register_policy(name: str, cls: type | None = None) -> Any:
+    """Register ``cls`` under ``name``; usable as ``@register_policy("name")``."""
+
+    def _do(c: type) -> type:
+        if not name or not isinstance(name, str):
+            raise _config_error("policy", f"invalid policy name {name!r}")
+        with _LOCK:
+            _REGISTRY[name] = c
+        return c
+
+    return _do(cls) if cls is not None else _do
+
+
+def _load_builtins() -> None:
+    import importlib
+
+    for mod in _BUILTIN_MODULES:
+        try:
+            importlib.import_module(f"mlcache.policies.{mod}")
+        except ModuleNotFoundError as exc:  # a policy module not shipped in this build
+            if exc.name != f"mlcache.policies.{mod}":
+                raise
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    _load_builtins()
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="mlcache.policies"):
+        if ep.name not in _REGISTRY:
+            register_policy(ep.name, ep.load())
+
+
+def available_policies() -> list[str]:
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get_policy(name: str) -> type:
+    """Return the policy class registered as ``name`` or raise ``ConfigError`` listing names."""
+    if name not in _REGISTRY:
+        _load_entry_points()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise _config_error("policy", f"unknown policy {name!r}; registered: {available_policies()}")
