@@ -1,0 +1,373 @@
+"""The disk level: a diskcache directory, local and durable, shared by the processes of a host.
+
+diskcache is used for its storage (SQLite in WAL mode, large values in files, safe across
+processes and threads) but *not* for its eviction: its default, 'least-recently-stored' with a
+1 GB ``size_limit``, silently drops entries, and a level may only let an entry go after the level
+below holds it. So the cache runs with ``eviction_policy='none'`` and this module does the byte
+accounting itself:
+
+* every value is stored as raw bytes, and its length is recorded in diskcache's ``size`` column
+  (a small ``Disk`` subclass; stock diskcache records 0 for values kept inside SQLite), so the
+  ``size`` total that diskcache's own triggers maintain in its ``Settings`` table is exactly the
+  number of value bytes stored — transactional and the same for every process;
+* when ``max_bytes`` is set, reads stamp ``access_time`` (one UPDATE per batch and shard) and
+  victims are chosen least-recently-accessed first, across shards;
+* a full level that may evict removes its victims and *returns* them from ``put_many``; the store
+  of record (``may_evict = False``) raises :class:`~mlcache.errors.CapacityError` before
+  changing anything, unless it is ``lossy``.
+
+Every batch call runs in one SQLite transaction per shard touched (``Cache.transact``).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import heapq
+import os
+import sqlite3
+import threading
+import time
+from typing import Any, Iterator, Sequence
+
+import diskcache
+from diskcache.core import UNKNOWN
+
+from ..config import DiskConfig
+from ..errors import CacheError, CapacityError, LevelUnavailableError
+from ._fit import capacity_error, plan_fit
+from .base import Victims
+
+__all__ = ["DiskLevel"]
+
+_CHUNK = 500          # bound on SQL variables per statement
+_PAGE = 256           # rows per page when walking eviction candidates or scanning
+_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+
+
+class _SizedDisk(diskcache.Disk):
+    """Records the true length of every bytes value and remembers new value files for sync()."""
+
+    def __init__(self, directory: str, **kwargs: Any) -> None:
+        super().__init__(directory, **kwargs)
+        self.unsynced: set[str] = set()
+
+    def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple:
+        size, mode, filename, db_value = super().store(value, read, key=key)
+        if type(value) is bytes:
+            size = len(value)
+        if filename is not None:
+            self.unsynced.add(os.path.join(self._directory, filename))
+        return size, mode, filename, db_value
+
+
+def _chunks(seq: Sequence[Any], n: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _make_private_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)   # makedirs' mode is filtered through the umask
+
+
+class DiskLevel:
+    """A byte level on diskcache (``FanoutCache`` when ``shards > 1``)."""
+
+    shared = False
+
+    def __init__(self, config: DiskConfig | None = None) -> None:
+        self.config = config or DiskConfig()
+        self.name = "disk"
+        self.lossy = self.config.lossy
+        self.may_evict = True
+        self.max_bytes = self.config.max_bytes
+        self.path = self.config.resolved_path()
+        self._closed = False
+        settings = dict(eviction_policy="none", cull_limit=0, statistics=0)
+        with self._guard("open"):
+            _make_private_dir(self.path)
+            self.cache: diskcache.Cache | diskcache.FanoutCache
+            if self.config.shards > 1:
+                self.cache = diskcache.FanoutCache(self.path, shards=self.config.shards,
+                                                   timeout=self.config.timeout, disk=_SizedDisk,
+                                                   **settings)
+                self._shards: tuple[diskcache.Cache, ...] = tuple(self.cache._shards)
+                self._hash = self._shards[0].disk.hash
+            else:
+                self.cache = diskcache.Cache(self.path, timeout=self.config.timeout,
+                                             disk=_SizedDisk, **settings)
+                self._shards = (self.cache,)
+            if self.max_bytes is not None:
+                for shard in self._shards:
+                    shard._sql("CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)")
+        self._sync_lock = threading.Lock()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"DiskLevel(path={self.path!r}, shards={len(self._shards)}, max_bytes={self.max_bytes})"
+
+    def _shard_index(self, key: bytes) -> int:
+        return self._hash(key) % len(self._shards) if len(self._shards) > 1 else 0
+
+    def _group(self, keys: Sequence[bytes]) -> dict[int, list[bytes]]:
+        groups: dict[int, list[bytes]] = {}
+        for key in keys:
+            groups.setdefault(self._shard_index(key), []).append(key)
+        return groups
+
+    @contextlib.contextmanager
+    def _guard(self, op: str) -> Iterator[None]:
+        """Map storage failures to the error family, naming the level and the operation."""
+        try:
+            yield
+        except CacheError:
+            raise
+        except diskcache.Timeout as exc:
+            raise LevelUnavailableError(
+                f"disk level at {self.path}: {op} timed out waiting for the lock "
+                f"({self.config.timeout}s)", level=self.name) from exc
+        except sqlite3.OperationalError as exc:
+            if "full" in str(exc):
+                raise CapacityError(f"disk level at {self.path}: {op} failed, disk full: {exc}",
+                                    level=self.name) from exc
+            raise LevelUnavailableError(f"disk level at {self.path}: {op} failed: {exc}",
+                                        level=self.name) from exc
+        except sqlite3.DatabaseError as exc:
+            raise LevelUnavailableError(f"disk level at {self.path}: {op} failed: {exc}",
+                                        level=self.name) from exc
+        except OSError as exc:
+            if exc.errno in _FULL_ERRNOS:
+                raise CapacityError(f"disk level at {self.path}: {op} failed, no space: {exc}",
+                                    level=self.name) from exc
+            raise LevelUnavailableError(f"disk level at {self.path}: {op} failed: {exc}",
+                                        level=self.name) from exc
+
+    @contextlib.contextmanager
+    def _locked(self, indexes: Sequence[int]) -> Iterator[None]:
+        """One transaction on each shard in ``indexes``, taken in index order (no deadlock)."""
+        with contextlib.ExitStack() as stack:
+            for i in sorted(indexes):
+                stack.enter_context(self._shards[i].transact())
+            yield
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _fetch_rows(self, shard: diskcache.Cache, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+        found: dict[bytes, bytes] = {}
+        for chunk in _chunks(keys):
+            marks = ",".join("?" * len(chunk))
+            rows = shard._sql(
+                f"SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN ({marks})",
+                [sqlite3.Binary(k) for k in chunk]).fetchall()
+            for key, mode, filename, value in rows:
+                try:
+                    data = shard.disk.fetch(mode, filename, value, False)
+                except FileNotFoundError:
+                    # Replaced by another process between the SELECT and the read.
+                    data = shard.get(bytes(key), default=None, retry=True)
+                    if data is None:
+                        continue
+                found[bytes(key)] = data
+        return found
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        found: dict[bytes, bytes] = {}
+        with self._guard("get"):
+            for index, group in self._group(keys).items():
+                shard = self._shards[index]
+                hits = self._fetch_rows(shard, group)
+                found.update(hits)
+                if hits and self.max_bytes is not None:
+                    self._touch(shard, list(hits))
+        return [found.get(k) for k in keys]
+
+    def _touch(self, shard: diskcache.Cache, keys: list[bytes]) -> None:
+        now = time.time()
+        try:
+            for chunk in _chunks(keys):
+                marks = ",".join("?" * len(chunk))
+                shard._sql(f"UPDATE Cache SET access_time = ? WHERE raw = 1 AND key IN ({marks})",
+                           [now, *(sqlite3.Binary(k) for k in chunk)])
+        except sqlite3.OperationalError:
+            # Recency is advice for victim choice; a busy database must not fail a read.
+            pass
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> Victims:
+        batch: dict[bytes, bytes] = {}
+        for key, value in items:
+            batch[bytes(key)] = value if type(value) is bytes else bytes(value)
+        if not batch:
+            return []
+        with self._guard("put"):
+            if self.max_bytes is None:
+                groups = self._group(list(batch))
+                with self._locked(list(groups)):
+                    for index, group in groups.items():
+                        shard = self._shards[index]
+                        for key in group:
+                            shard.set(key, batch[key])
+                return []
+            with self._locked(range(len(self._shards))):
+                return self._put_bounded(batch, self.max_bytes)
+
+    def _put_bounded(self, batch: dict[bytes, bytes], limit: int) -> Victims:
+        used = self._used()
+        new = {k: len(v) for k, v in batch.items()}
+        old = self._sizes(list(batch))
+        if not (self.may_evict or self.lossy):
+            adding = sum(n - old.get(k, 0) for k, n in new.items())
+            if used + adding > limit:
+                raise capacity_error(self.name, used, adding, limit)
+        plan = plan_fit(used, limit, new, old, self._candidates())
+        victims: Victims = []
+        if plan.evict:
+            values = self._read_locked(plan.evict)
+            for key in plan.evict:
+                if key in values:
+                    victims.append((key, values[key]))
+                self._shards[self._shard_index(key)].delete(key)
+        passed = set(plan.passthrough)
+        for key in plan.passthrough:
+            victims.append((key, batch[key]))
+            if key in old:
+                self._shards[self._shard_index(key)].delete(key)
+        for key, value in batch.items():
+            if key not in passed:
+                self._shards[self._shard_index(key)].set(key, value)
+        return victims if self.may_evict else []
+
+    def _read_locked(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for index, group in self._group(keys).items():
+            out.update(self._fetch_rows(self._shards[index], group))
+        return out
+
+    def _sizes(self, keys: list[bytes]) -> dict[bytes, int]:
+        sizes: dict[bytes, int] = {}
+        for index, group in self._group(keys).items():
+            shard = self._shards[index]
+            for chunk in _chunks(group):
+                marks = ",".join("?" * len(chunk))
+                rows = shard._sql(f"SELECT key, size FROM Cache WHERE raw = 1 AND key IN ({marks})",
+                                  [sqlite3.Binary(k) for k in chunk]).fetchall()
+                sizes.update((bytes(k), int(s)) for k, s in rows)
+        return sizes
+
+    def _candidates(self) -> Iterator[tuple[bytes, int]]:
+        """Stored entries, least recently accessed first, merged over the shards."""
+
+        def walk(shard: diskcache.Cache) -> Iterator[tuple[float, int, bytes, int]]:
+            last: tuple[float, int] = (float("-inf"), -1)
+            while True:
+                rows = shard._sql(
+                    "SELECT access_time, rowid, key, size FROM Cache WHERE raw = 1 AND "
+                    "(access_time, rowid) > (?, ?) ORDER BY access_time, rowid LIMIT ?",
+                    (*last, _PAGE)).fetchall()
+                for t, rowid, key, size in rows:
+                    yield t, rowid, bytes(key), int(size)
+                if len(rows) < _PAGE:
+                    return
+                last = (rows[-1][0], rows[-1][1])
+
+        for _, _, key, size in heapq.merge(*(walk(s) for s in self._shards)):
+            yield key, size
+
+    def put(self, key: bytes, value: bytes) -> Victims:
+        return self.put_many([(key, value)])
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            return
+        with self._guard("delete"):
+            groups = self._group([bytes(k) for k in keys])
+            with self._locked(list(groups)):
+                for index, group in groups.items():
+                    shard = self._shards[index]
+                    for key in group:
+                        shard.delete(key)
+
+    def delete(self, key: bytes) -> None:
+        self.delete_many([key])
+
+    # -- listing and accounting ------------------------------------------------------------
+
+    def scan(self, prefix: bytes = b"") -> Iterator[bytes]:
+        """Every stored key starting with ``prefix`` (shard by shard, each in key order)."""
+        prefix = bytes(prefix)
+        end = _prefix_end(prefix)
+        for shard in self._shards:
+            low, inclusive = prefix, True
+            while True:
+                with self._guard("scan"):
+                    cond = "key >= ?" if inclusive else "key > ?"
+                    args: list[Any] = [sqlite3.Binary(low)]
+                    if end is not None:
+                        cond += " AND key < ?"
+                        args.append(sqlite3.Binary(end))
+                    rows = shard._sql(
+                        f"SELECT key FROM Cache WHERE raw = 1 AND {cond} ORDER BY key LIMIT ?",
+                        (*args, _PAGE)).fetchall()
+                for (key,) in rows:
+                    if isinstance(key, (bytes, memoryview)):
+                        yield bytes(key)
+                if len(rows) < _PAGE:
+                    break
+                low, inclusive = bytes(rows[-1][0]), False
+
+    def _used(self) -> int:
+        total = 0
+        for shard in self._shards:
+            ((value,),) = shard._sql("SELECT value FROM Settings WHERE key = 'size'").fetchall()
+            total += int(value)
+        return total
+
+    def used_bytes(self) -> int:
+        """Bytes of values stored (all processes), from diskcache's transactional counter."""
+        with self._guard("used_bytes"):
+            return self._used()
+
+    def __len__(self) -> int:
+        with self._guard("len"):
+            return sum(int(s._sql("SELECT value FROM Settings WHERE key = 'count'").fetchone()[0])
+                       for s in self._shards)
+
+    def sync(self) -> None:
+        """Make every committed write durable: fsync new value files, checkpoint the WAL."""
+        with self._guard("sync"), self._sync_lock:
+            for shard in self._shards:
+                pending = shard.disk.unsynced
+                while pending:
+                    path = pending.pop()
+                    try:
+                        fd = os.open(path, os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue    # replaced or deleted since; nothing to make durable
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                shard._sql("PRAGMA wal_checkpoint(FULL)").fetchall()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._guard("close"):
+            self.cache.close()
