@@ -1,0 +1,380 @@
+"""The Redis level: redis-py, pipelined, namespaced, shared between processes.
+
+Every key lives under ``config.prefix + ":"`` followed by the canonical byte key, so several
+managers (or test runs) share one server without seeing each other. Batches are one round trip
+where Redis allows it: ``MGET`` for reads, ``MSET`` for writes, ``UNLINK`` for deletes, each
+chunked and pipelined.
+
+Optional byte bound (``max_bytes``). Redis is shared, so the accounting lives in Redis too, beside
+the data but outside its key space (``prefix + "\\x00bytes"``: a counter of value bytes;
+``prefix + "\\x00lru"``: a sorted set of keys by last access time). A bounded write is an
+optimistic transaction: ``WATCH`` the counter, read the sizes the batch replaces, plan the victims
+(:mod:`mlcache.levels._fit`, least recently accessed first), then ``MULTI``/``EXEC`` the whole
+change; a concurrent writer touches the counter, so the plan is redone instead of corrupting
+the bound. Victims are returned to the manager, or ``CapacityError`` is raised before anything
+changes when this level is the store of record. An unbounded level keeps no accounting and pays
+nothing for it. A Lua script would do the same in one round trip but would keep the eviction
+arithmetic in a second language; the batch sizes the manager uses make the extra round trips cheap.
+
+Connections are made lazily and rebuilt when ``os.getpid()`` changes, so a level created before a
+fork (a Spark Python worker) never shares a socket with its parent. Connection failures and
+timeouts are retried ``config.retries`` times, quickly, then raised as
+:class:`~mlcache.errors.LevelUnavailableError` (retryable): the manager keeps dirty entries and
+retries later, it never drops them.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..config import RedisConfig
+from ..errors import CacheError, CapacityError, LevelUnavailableError
+from ._fit import capacity_error, plan_fit
+from .base import Victims
+
+__all__ = ["RedisLevel", "glob_escape"]
+
+T = TypeVar("T")
+_CHUNK = 1000
+_PAGE = 128
+_GLOB = re.compile(rb"([*?\[\]\\])")
+
+
+def glob_escape(data: bytes) -> bytes:
+    """Escape the bytes that are special in a Redis ``MATCH`` pattern."""
+    return _GLOB.sub(rb"\\\1", data)
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _chunks(seq: Sequence[Any], n: int = _CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+class RedisLevel:
+    """A byte level on a Redis server (``url="embedded"``: a private server for this level)."""
+
+    shared = True
+
+    def __init__(self, config: RedisConfig | None = None) -> None:
+        self.config = config or RedisConfig()
+        self.name = "redis"
+        self.lossy = self.config.lossy
+        self.may_evict = True
+        self.max_bytes = self.config.max_bytes
+        self.prefix = self.config.prefix.encode() + b":"
+        meta = self.config.prefix.encode() + b"\x00"
+        self._bytes_key = meta + b"bytes"
+        self._lru_key = meta + b"lru"
+        self._lock = threading.Lock()
+        self._client: redis.Redis | None = None
+        self._pid: int | None = None
+        self._server: Any = None        # mlcache._redis_server.RedisServer for "embedded"
+        self._server_pid: int | None = None
+        self._accounting_ready = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"RedisLevel(url={_safe_url(self.config.url)!r}, prefix={self.config.prefix!r}, "
+                f"max_bytes={self.max_bytes})")
+
+    # -- connection ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The URL connected to (for ``"embedded"``, the private server's, started on demand)."""
+        if self.config.url != "embedded":
+            return self.config.url
+        if self._server is None:
+            from .._redis_server import RedisServer
+
+            self._server = RedisServer().start()
+            self._server_pid = os.getpid()
+        return str(self._server.url)
+
+    def _connect(self) -> redis.Redis:
+        pid = os.getpid()
+        client = self._client
+        if client is not None and self._pid == pid:
+            return client
+        with self._lock:
+            if self._closed:
+                raise LevelUnavailableError("redis level is closed", level=self.name)
+            if self._client is None or self._pid != pid:
+                # After a fork the parent's sockets are dropped, not closed: closing them here
+                # would shut down connections the parent is still using.
+                cfg = self.config
+                kwargs: dict[str, Any] = dict(
+                    max_connections=cfg.max_connections,
+                    timeout=cfg.socket_timeout or None,
+                    socket_timeout=cfg.socket_timeout or None,
+                    socket_connect_timeout=cfg.socket_timeout or None,
+                    retry=Retry(NoBackoff(), 0),    # our own quick retries, see _run
+                )
+                url = self.url
+                if url.startswith("rediss://"):
+                    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+                        if getattr(cfg, name) is not None:
+                            kwargs[name] = getattr(cfg, name)
+                pool = redis.BlockingConnectionPool.from_url(url, **kwargs)
+                self._client = redis.Redis(connection_pool=pool)
+                self._pid = pid
+                self._accounting_ready = False
+            return self._client
+
+    def _run(self, op: str, fn: Callable[[redis.Redis], T]) -> T:
+        attempts = self.config.retries + 1
+        for attempt in range(attempts):
+            try:
+                return fn(self._connect())
+            except CacheError:
+                raise
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                if attempt + 1 >= attempts:
+                    raise LevelUnavailableError(
+                        f"redis level at {_safe_url(self.url)}: {op} failed after {attempts} "
+                        f"attempts: {exc}", level=self.name) from exc
+                time.sleep(min(0.2, 0.01 * (2 ** attempt)))
+            except redis.ResponseError as exc:
+                if str(exc).startswith("OOM"):
+                    raise CapacityError(f"redis level at {_safe_url(self.url)}: {op}: {exc}",
+                                        level=self.name) from exc
+                raise LevelUnavailableError(f"redis level at {_safe_url(self.url)}: {op}: {exc}",
+                                            level=self.name) from exc
+        raise AssertionError("unreachable")
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        full = [self.prefix + k for k in keys]
+        bounded = self.max_bytes is not None
+
+        def go(client: redis.Redis) -> list[bytes | None]:
+            if len(full) <= _CHUNK and not bounded:
+                return list(client.mget(full))
+            pipe = client.pipeline(transaction=False)
+            now = time.time()
+            for chunk in _chunks(full):
+                pipe.mget(chunk)
+                if bounded:
+                    pipe.zadd(self._lru_key, {k: now for k in chunk}, xx=True)
+            replies = pipe.execute()
+            out: list[bytes | None] = []
+            for reply in replies[::2] if bounded else replies:
+                out.extend(reply)
+            return out
+
+        return self._run("get", go)
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> Victims:
+        batch: dict[bytes, bytes] = {}
+        for key, value in items:
+            batch[bytes(key)] = value if type(value) is bytes else bytes(value)
+        if not batch:
+            return []
+        if self.max_bytes is None:
+            def go(client: redis.Redis) -> Victims:
+                full = [(self.prefix + k, v) for k, v in batch.items()]
+                if len(full) <= _CHUNK:
+                    client.mset(dict(full))
+                    return []
+                pipe = client.pipeline(transaction=False)
+                for chunk in _chunks(full):
+                    pipe.mset(dict(chunk))
+                pipe.execute()
+                return []
+
+            return self._run("put", go)
+        limit = self.max_bytes
+        return self._run("put", lambda client: self._put_bounded(client, batch, limit))
+
+    def _ensure_accounting(self, client: redis.Redis) -> None:
+        """Start the byte counter from what is stored (data written while unbounded counts)."""
+        if self._accounting_ready:
+            return
+        if not client.exists(self._bytes_key):
+            total = 0
+            for keys in self._scan_pages(client, b""):
+                pipe = client.pipeline(transaction=False)
+                for k in keys:
+                    pipe.strlen(k)
+                sizes = pipe.execute()
+                total += sum(sizes)
+                client.zadd(self._lru_key, {k: 0 for k in keys}, nx=True)
+            client.set(self._bytes_key, total, nx=True)
+        self._accounting_ready = True
+
+    def _sizes(self, client: redis.Redis, full: Sequence[bytes]) -> list[int]:
+        pipe = client.pipeline(transaction=False)
+        for k in full:
+            pipe.strlen(k)
+        return [int(n) for n in pipe.execute()]
+
+    def _candidates(self, client: redis.Redis) -> Iterator[tuple[bytes, int]]:
+        """Stored entries, least recently accessed first: (key without prefix, size)."""
+        start = 0
+        plen = len(self.prefix)
+        while True:
+            members = client.zrange(self._lru_key, start, start + _PAGE - 1)
+            if not members:
+                return
+            for member, size in zip(members, self._sizes(client, members)):
+                yield member[plen:], size
+            start += len(members)
+
+    def _put_bounded(self, client: redis.Redis, batch: dict[bytes, bytes], limit: int) -> Victims:
+        self._ensure_accounting(client)
+        keys = list(batch)
+        new = {k: len(v) for k, v in batch.items()}
+        with client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self._bytes_key)
+                    used = int(pipe.get(self._bytes_key) or 0)
+                    old = {k: n for k, n in zip(keys, self._sizes(client, [self.prefix + k for k in keys]))
+                           if n}
+                    if not (self.may_evict or self.lossy):
+                        adding = sum(n - old.get(k, 0) for k, n in new.items())
+                        if used + adding > limit:
+                            pipe.unwatch()
+                            raise capacity_error(self.name, used, adding, limit)
+                    plan = plan_fit(used, limit, new, old, self._candidates(client))
+                    victims: Victims = []
+                    if plan.evict:
+                        values = client.mget([self.prefix + k for k in plan.evict])
+                        victims = [(k, v) for k, v in zip(plan.evict, values) if v is not None]
+                    passed = set(plan.passthrough)
+                    victims += [(k, batch[k]) for k in plan.passthrough]
+                    gone = [self.prefix + k for k in (*plan.evict, *plan.passthrough)]
+                    stay = {self.prefix + k: v for k, v in batch.items() if k not in passed}
+                    pipe.multi()
+                    if gone:
+                        pipe.unlink(*gone)
+                        pipe.zrem(self._lru_key, *gone)
+                    if stay:
+                        pipe.mset(stay)
+                        now = time.time()
+                        pipe.zadd(self._lru_key, {k: now for k in stay})
+                    pipe.incrby(self._bytes_key, plan.used_after - used)
+                    pipe.execute()
+                    return victims if self.may_evict else []
+                except redis.WatchError:
+                    continue
+
+    def put(self, key: bytes, value: bytes) -> Victims:
+        return self.put_many([(key, value)])
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            return
+        full = list(dict.fromkeys(self.prefix + bytes(k) for k in keys))
+        if self.max_bytes is None:
+            def go(client: redis.Redis) -> None:
+                pipe = client.pipeline(transaction=False)
+                for chunk in _chunks(full):
+                    pipe.unlink(*chunk)
+                pipe.execute()
+
+            self._run("delete", go)
+            return
+
+        def go_bounded(client: redis.Redis) -> None:
+            self._ensure_accounting(client)
+            with client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        pipe.watch(self._bytes_key)
+                        freed = sum(self._sizes(client, full))
+                        pipe.multi()
+                        pipe.unlink(*full)
+                        pipe.zrem(self._lru_key, *full)
+                        pipe.decrby(self._bytes_key, freed)
+                        pipe.execute()
+                        return
+                    except redis.WatchError:
+                        continue
+
+        self._run("delete", go_bounded)
+
+    def delete(self, key: bytes) -> None:
+        self.delete_many([key])
+
+    # -- listing and accounting ------------------------------------------------------------
+
+    def _scan_pages(self, client: redis.Redis, prefix: bytes) -> Iterator[list[bytes]]:
+        pattern = glob_escape(self.prefix + prefix) + b"*"
+        cursor = 0
+        while True:
+            cursor, keys = client.scan(cursor, match=pattern, count=1000)
+            if keys:
+                yield keys
+            if cursor == 0:
+                return
+
+    def scan(self, prefix: bytes = b"") -> Iterator[bytes]:
+        """Every stored key starting with ``prefix`` (``SCAN MATCH``, each key once)."""
+        pages = self._run("scan", lambda client: list(self._scan_pages(client, bytes(prefix))))
+        plen = len(self.prefix)
+        seen: set[bytes] = set()
+        for page in pages:
+            for full in page:
+                if full not in seen:
+                    seen.add(full)
+                    yield full[plen:]
+
+    def used_bytes(self) -> int:
+        """Bytes of values stored under this prefix (O(1) when bounded, a SCAN otherwise)."""
+        if self.max_bytes is not None:
+            def counted(client: redis.Redis) -> int:
+                self._ensure_accounting(client)
+                return int(client.get(self._bytes_key) or 0)
+
+            return self._run("used_bytes", counted)
+
+        def summed(client: redis.Redis) -> int:
+            return sum(sum(self._sizes(client, page)) for page in self._scan_pages(client, b""))
+
+        return self._run("used_bytes", summed)
+
+    def ping(self) -> bool:
+        return bool(self._run("ping", lambda client: client.ping()))
+
+    def sync(self) -> None:
+        """Nothing to do: every call returns once Redis has applied it; on-disk durability is
+        the server's own ``appendonly``/``appendfsync`` setting."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            if self._client is not None and self._pid == os.getpid():
+                self._client.connection_pool.disconnect()
+            self._client = None
+            if self._server is not None and self._server_pid == os.getpid():
+                self._server.cleanup()
+            self._server = None
