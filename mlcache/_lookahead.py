@@ -1,0 +1,264 @@
+"""The lookahead operator ``prefetching(...)`` and its adaptive depth controller.
+
+In a Python loop or a Spark partition the "upstream operator" of the Keyed Prefetching paper is
+a read-ahead over the record iterator: the operator keeps ``depth`` records buffered, hints the
+key of each record as it is read, and yields records in their original order. By the time a
+record is yielded, its key has had ``depth`` records' worth of processing time to arrive.
+
+Depth (``depth="auto"``): deep enough that the slack covers the fetch latency, no deeper (more
+depth costs memory and hinted entries evict useful state). Every ``window`` hinted uses the
+controller compares
+
+* slack: time from a key's first hint to its use, at its 1st percentile — the slack that 99% of
+  uses had at least ("p99 slack" in the issue), with
+* the p99 fetch latency (hint to resident) plus a margin (0.5 ms + 10%),
+
+and rescales the depth proportionally (slack grows linearly with depth): up to ×2 when the slack
+falls short, down to ×0.5 when it exceeds the need by more than 50% (hysteresis keeps it from
+oscillating). A slower backend lengthens the latency and the depth grows; a faster one shrinks it.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator
+
+from .errors import CacheError, LevelUnavailableError
+
+__all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
+
+
+class RecordKeyError(CacheError):
+    """``key=`` (or ``ts=``) failed for a record, or returned an unsupported key type.
+
+    ``index`` is the record's position in the input, ``record`` the record itself; the original
+    exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, index: int, record: Any) -> None:
+        super().__init__(message)
+        self.index = index
+        self.record = record
+
+
+def _quantile(data: list[float], q: float) -> float | None:
+    if not data:
+        return None
+    data = sorted(data)
+    return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
+
+
+class DepthController:
+    """Keeps the lookahead depth where slack p1 >= fetch-latency p99 + margin, no deeper."""
+
+    def __init__(self, initial: int = 32, *, min_depth: int = 4, max_depth: int = 8192,
+                 margin: float = 0.0005, margin_ratio: float = 0.1, window: int = 128,
+                 hysteresis: float = 1.5) -> None:
+        if not (1 <= min_depth <= initial <= max_depth):
+            raise ValueError("need 1 <= min_depth <= initial <= max_depth")
+        self.depth = initial
+        self.min_depth = min_depth
+        self.max_depth = max_depth
+        self.margin = margin
+        self.margin_ratio = margin_ratio
+        self.window = window
+        self.hysteresis = hysteresis
+        self._slack: list[float] = []
+        self.history: list[int] = [initial]
+
+    def observe(self, slack: float) -> bool:
+        """Add one slack sample; True when a window is complete and :meth:`update` is due."""
+        self._slack.append(slack)
+        return len(self._slack) >= self.window
+
+    def need(self, latencies: list[float]) -> float | None:
+        lat = _quantile(latencies, 0.99)
+        if lat is None:
+            return None
+        return lat + self.margin + self.margin_ratio * lat
+
+    def update(self, latencies: list[float]) -> int:
+        """Rescale the depth from the slack window and recent fetch latencies."""
+        slack = _quantile(self._slack, 0.01)
+        self._slack = []
+        need = self.need(latencies)
+        if slack is None or need is None:
+            return self.depth
+        d = self.depth
+        if slack < need:
+            factor = min(2.0, need / max(slack, 1e-6))
+            new = max(d + 1, math.ceil(d * factor))
+        elif slack > need * self.hysteresis:
+            factor = max(0.5, need * 1.2 / slack)
+            new = math.floor(d * factor)
+        else:
+            new = d
+        self.depth = min(self.max_depth, max(self.min_depth, new))
+        if self.depth != d:
+            self.history.append(self.depth)
+        return self.depth
+
+
+def _resolve(cache: Any) -> tuple[Any, Callable[[Any], bytes]]:
+    """``(manager, encode)`` for a manager, a namespace or a structure."""
+    target = cache
+    for attr in ("_prefetch_target",):
+        fn = getattr(target, attr, None)
+        if callable(fn):
+            return fn()
+    if hasattr(target, "_load_into_heap") and hasattr(target, "_encode_key"):
+        return target, target._encode_key
+    for attr in ("_manager", "manager"):
+        m = getattr(target, attr, None)
+        if m is not None and hasattr(m, "_load_into_heap"):
+            enc = getattr(target, "_encode_key", None)
+            if callable(enc):
+                return m, enc
+            ns = getattr(target, "_ns", None) or getattr(target, "namespace", None)
+            if ns is not None and hasattr(ns, "_encode_key"):
+                return m, ns._encode_key
+            return m, m._encode_key
+    raise TypeError(
+        "prefetching(cache=...) needs a CacheManager, a Namespace or a cacheable structure, "
+        f"not {type(cache).__name__}")
+
+
+def _prefetcher(m: Any) -> Any:
+    """The manager's prefetcher, created lazily (the same one ``hint`` uses)."""
+    if not m.config.prefetch.enabled:
+        return None
+    get = getattr(m, "_get_prefetcher", None)
+    if callable(get):
+        return get()
+    p = getattr(m, "_prefetcher", None)
+    if p is None:
+        from .prefetch import Prefetcher
+
+        p = Prefetcher(m)
+        m._prefetcher = p
+    return p
+
+
+class Lookahead(Iterator[Any]):
+    """The iterator returned by :func:`prefetching`. ``depth`` is the current lookahead."""
+
+    def __init__(self, iterable: Iterable[Any], key: Callable[[Any], Any],
+                 ts: Callable[[Any], float] | None, cache: Any, depth: int | str) -> None:
+        if not callable(key):
+            raise TypeError("prefetching(key=...) must be a callable record -> key")
+        if ts is not None and not callable(ts):
+            raise TypeError("prefetching(ts=...) must be a callable record -> event time or None")
+        self._m, self._encode = _resolve(cache)
+        self._pf = _prefetcher(self._m)
+        if depth == "auto":
+            self.controller: DepthController | None = DepthController()
+            self.depth = self.controller.depth
+        elif isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
+            self.controller = None
+            self.depth = depth
+        else:
+            raise ValueError(f"prefetching(depth=...) must be 'auto' or an int >= 0, got {depth!r}")
+        self._src = iter(iterable)
+        self._key = key
+        self._ts = ts
+        self._queue: deque[tuple] = deque()
+        self._index = 0
+        self._exhausted = False
+        self.records = 0
+        if self._pf is not None:
+            self._pf.depth = self.depth
+
+    def __iter__(self) -> "Lookahead":
+        return self
+
+    def _read(self) -> bool:
+        try:
+            rec = next(self._src)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        i = self._index
+        self._index += 1
+        try:
+            k = self._key(rec)
+            t = self._ts(rec) if self._ts is not None else i
+        except Exception as exc:
+            err = RecordKeyError(f"record {i}: key=/ts= raised {exc!r}", index=i, record=rec)
+            err.__cause__ = exc
+            self._queue.append((rec, None, None, i, err))
+            return True
+        try:
+            kb = self._encode(k)
+        except TypeError as exc:
+            err = RecordKeyError(f"record {i}: key= returned an unsupported key type "
+                                 f"{type(k).__name__}: {exc}", index=i, record=rec)
+            err.__cause__ = exc
+            self._queue.append((rec, None, None, i, err))
+            return True
+        if self._pf is not None and self.depth > 0:
+            self._pf.hint(kb, t)
+        self._queue.append((rec, kb, t, i, None))
+        return True
+
+    def __next__(self) -> Any:
+        q = self._queue
+        want = self.depth + 1
+        while len(q) < want and not self._exhausted:
+            self._read()
+        if not q:
+            raise StopIteration
+        rec, kb, t, i, err = q.popleft()
+        if err is not None:
+            raise err
+        self.records += 1
+        pf = self._pf
+        if pf is None:
+            return rec
+        slack = pf.note_use(kb, t)
+        if pf._failed:
+            self._recover(kb, i)
+        ctl = self.controller
+        if ctl is not None and slack is not None and ctl.observe(slack):
+            self.depth = ctl.update(pf.fetch_latency.recent(256))
+            pf.depth = self.depth
+        return rec
+
+    def _recover(self, kb: bytes, index: int) -> None:
+        """The prefetch of this record's key failed: demand-fetch it now; raise if that fails."""
+        pf = self._pf
+        prefetch_error = pf.failure(kb)
+        if prefetch_error is None:
+            return
+        try:
+            with pf.demand():
+                self._m._load_into_heap([kb])
+        except Exception as exc:
+            err = LevelUnavailableError(
+                f"record {index}: the prefetch failed ({prefetch_error!r}) and the demand fetch "
+                f"failed too ({exc!r})", level=getattr(exc, "level", None), key=kb)
+            err.prefetch_error = prefetch_error  # type: ignore[attr-defined]
+            err.index = index  # type: ignore[attr-defined]
+            raise err from exc
+
+    def close(self) -> None:
+        """Stop reading ahead and drop buffered records (and close the source if it can)."""
+        self._queue.clear()
+        self._exhausted = True
+        closer = getattr(self._src, "close", None)
+        if callable(closer):
+            closer()
+
+
+def prefetching(iterable: Iterable[Any], key: Callable[[Any], Any], *,
+                ts: Callable[[Any], float] | None = None, cache: Any,
+                depth: int | str = "auto") -> Lookahead:
+    """Yield the records of ``iterable`` in order while prefetching their keys' state.
+
+    ``key(record)`` is the key the stateful step will read from ``cache`` (a
+    :class:`~mlcache.CacheManager`, a namespace or a cacheable structure); ``ts(record)`` its
+    event time (default: the record's index). ``depth`` is the number of records read ahead,
+    or ``"auto"`` to adapt it to the measured fetch latency. A failing ``key``/``ts`` raises
+    :class:`RecordKeyError` naming the record index when that record is reached.
+    """
+    return Lookahead(iterable, key, ts, cache, depth)

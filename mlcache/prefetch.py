@@ -1,0 +1,494 @@
+"""Keyed prefetching: hints, the hint buffer, fetch threads, the hot-key filter.
+
+The idea (Timestamp-Aware Caching with Keyed Prefetching, 2025): the key a stateful step will
+read is known earlier in the pipeline than the moment the step needs its state, so the state can
+be fetched while earlier records are processed, taking lower-level I/O off the critical path.
+``hint(key, ts)`` says "key will be needed at event time ts".
+
+Path of a hint (``Prefetcher.hint``; ``CacheManager.hint`` does the residency step itself and
+calls ``submit``)::
+
+    hot-key filter ──hot──> dropped (counted "dropped_hot")
+         │ cold
+    resident in the heap? ──yes──> policy.hint(key, ts)   (TAC renews the entry)
+         │ no
+    lateness bound: ts < watermark - lateness ──> dropped ("dropped_late")
+         │
+    hint buffer: one entry per key (latest ts, first hint time), unprocessed -> in-flight
+         │ fetch threads, batch_size keys per batch
+    manager._load_into_heap(batch, prefetch=True): one MGET / pipeline / diskcache
+    transaction per level per batch; keys inserted clean into the heap with the hint's ts.
+
+* **Hot-key filter.** Every offered hint increments the 4-bit count-min sketch
+  (:mod:`mlcache.sketch`, aged by halving). A key whose counters all exceed
+  ``prefetch.hot_threshold`` is frequent enough to be resident anyway, so its hint costs a
+  residency check and buffer work for nothing; it is dropped before either. Cost: one sketch
+  increment + estimate per hint (4 array reads). ``hot_threshold=16`` disables the filter.
+* **Hint buffer.** A dict keyed by the canonical key bytes, insertion-ordered, so re-hinting a
+  key is O(1) and keeps one entry (latest ts); fetch threads take the oldest entries first,
+  which for a read-ahead operator is use order. Rejected: a heap ordered by ts — O(log n) per
+  hint for an order the operator already produces.
+* **Demand priority, no double fetch.** A fetch thread does not start a batch while a demand
+  fetch is running (``Prefetcher.demand()``); a demand get for a key in flight waits for that
+  fetch inside the manager (its per-key in-flight futures) instead of reading it again; a key
+  used while still unprocessed is cancelled from the buffer and left to the demand fetch.
+* **Lateness.** The watermark is the ts of the latest record used; a hint whose ts is older than
+  ``watermark - lateness`` (``lateness=None`` means 0: the record already passed) is dropped on
+  arrival and again when a fetch thread takes it.
+* **Accounting.** A prefetched key is *useful* if it is used before it leaves the heap,
+  *wasted* if it is evicted unused, and a use is *late* if the key was still queued or in flight.
+  *Slack* is the time from the first hint to the use; *fetch latency* the time from the first
+  hint to the key being resident. Both are kept in bounded windows for percentiles.
+* **Failures.** A prefetch batch that raises is counted and its keys remembered; the lookahead
+  operator then demand-fetches those records itself and raises only if that fails too.
+
+Threads are created on the first hint, rebuilt after ``fork`` (``os.getpid()`` check), are
+daemons, hold only a weak reference to the manager, and exit on :meth:`Prefetcher.close` (called
+by ``CacheManager.close``) or when the manager is collected.
+
+The lookahead operator :func:`prefetching` lives in :mod:`mlcache._lookahead`.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Iterator
+
+from ._lookahead import DepthController, RecordKeyError, prefetching
+
+__all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError", "prefetching"]
+
+_FAILED_MAX = 65536
+_SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
+
+
+class _Window:
+    """The last ``maxlen`` samples of a quantity, for percentiles."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, maxlen: int = 2048) -> None:
+        self._d: deque[float] = deque(maxlen=maxlen)
+
+    def add(self, x: float) -> None:
+        self._d.append(x)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def recent(self, n: int) -> list[float]:
+        d = self._d
+        return list(itertools.islice(d, max(0, len(d) - n), None))
+
+    def quantile(self, q: float, last: int | None = None) -> float | None:
+        data = self.recent(last) if last else list(self._d)
+        return quantile(data, q)
+
+
+def quantile(data: list[float], q: float) -> float | None:
+    if not data:
+        return None
+    data = sorted(data)
+    return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
+
+
+class HintBuffer:
+    """Hints not yet fetched (unprocessed) and being fetched (in flight); one entry per key.
+
+    An entry is ``(ts, t_hint)``: the latest event time the key was hinted for and the wall
+    time of its first hint (slack and fetch latency are measured from it). Not thread-safe; the
+    :class:`Prefetcher` guards it with its lock.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[bytes, tuple[float, float]] = {}
+        self.inflight: dict[bytes, tuple[float, float]] = {}
+
+    def add(self, kb: bytes, ts: float, now: float) -> str:
+        """Record a hint; returns ``"new"``, ``"updated"`` or ``"inflight"``."""
+        cur = self.inflight.get(kb)
+        if cur is not None:
+            if ts > cur[0]:
+                self.inflight[kb] = (ts, cur[1])
+            return "inflight"
+        cur = self.pending.get(kb)
+        if cur is not None:
+            if ts > cur[0]:
+                self.pending[kb] = (ts, cur[1])
+            return "updated"
+        self.pending[kb] = (ts, now)
+        return "new"
+
+    def take(self, n: int, min_ts: float) -> tuple[list[tuple[bytes, float, float]], int]:
+        """Move up to ``n`` oldest entries to in-flight; drop those with ts < min_ts.
+
+        Returns ``(batch, dropped_late)``, batch entries being ``(key, ts, t_hint)``.
+        """
+        batch: list[tuple[bytes, float, float]] = []
+        late = 0
+        pending = self.pending
+        while pending and len(batch) < n:
+            kb = next(iter(pending))
+            ts, t0 = pending.pop(kb)
+            if ts < min_ts:
+                late += 1
+                continue
+            self.inflight[kb] = (ts, t0)
+            batch.append((kb, ts, t0))
+        return batch, late
+
+    def done(self, keys: list[bytes]) -> None:
+        for kb in keys:
+            self.inflight.pop(kb, None)
+
+    def state(self, kb: bytes) -> tuple[str, tuple[float, float]] | None:
+        cur = self.pending.get(kb)
+        if cur is not None:
+            return "pending", cur
+        cur = self.inflight.get(kb)
+        if cur is not None:
+            return "inflight", cur
+        return None
+
+    def __len__(self) -> int:
+        return len(self.pending) + len(self.inflight)
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.inflight.clear()
+
+
+class Prefetcher:
+    """The manager's prefetch engine: hint buffer, hot-key filter, fetch threads, statistics."""
+
+    def __init__(self, manager: Any) -> None:
+        self.config = manager.config.prefetch
+        self._mref = weakref.ref(manager)
+        self._filter = _make_filter(manager)
+        self._reset()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        """(Re)build every per-process piece: called at construction and after a fork."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._buffer = HintBuffer()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._demand = 0
+        self._landed: dict[bytes, float] = {}      # prefetched, not yet used -> t_hint
+        self._failed: dict[bytes, BaseException] = {}
+        self._used_inflight: set[bytes] = set()     # used (late) while their fetch ran
+        self._last_sweep = time.perf_counter()
+        self.watermark = -math.inf
+        self.depth: int | None = None              # set by the lookahead operator
+        self.counters = dict.fromkeys(
+            ("hints", "sent", "resident", "dropped_hot", "dropped_late", "prefetched",
+             "useful", "wasted", "late", "failures", "batches"), 0)
+        self.slack = _Window()
+        self.fetch_latency = _Window()
+        self.batch_latency = _Window()
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()
+
+    def _ensure_threads(self) -> None:
+        if len(self._threads) >= self.config.fetch_threads or self._closed:
+            return
+        with self._lock:
+            while len(self._threads) < self.config.fetch_threads:
+                t = threading.Thread(target=_fetch_loop, args=(weakref.ref(self),),
+                                     name=f"mlcache-prefetch-{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the fetch threads and forget queued hints (the manager calls it from close)."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._cond:
+            self._closed = True
+            self._buffer.pending.clear()
+            self._cond.notify_all()
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join(timeout)
+        self._threads = []
+
+    stop = close
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- hints ------------------------------------------------------------------------------
+
+    def _hot(self, kb: bytes) -> bool:
+        f = self._filter
+        return f is not None and f.hot(kb)
+
+    def hint(self, kb: bytes, ts: float) -> str:
+        """Full hint path for canonical key bytes: filter, residency, buffer.
+
+        Returns what happened: ``"hot"``, ``"resident"``, ``"late"``, ``"queued"`` or
+        ``"closed"``.
+        """
+        m = self._mref()
+        if m is None or self._closed:
+            return "closed"
+        self._check_fork()
+        self.counters["hints"] += 1
+        if self._hot(kb):
+            self.counters["dropped_hot"] += 1
+            return "hot"
+        if m._resident(kb):
+            self.counters["resident"] += 1
+            m._policy_hint(kb, ts)
+            return "resident"
+        return self._enqueue(kb, ts)
+
+    def submit(self, kb: bytes, ts: float) -> str:
+        """Entry from ``CacheManager.hint`` for a key that is not resident."""
+        if self._closed:
+            return "closed"
+        self._check_fork()
+        self.counters["hints"] += 1
+        if self._hot(kb):
+            self.counters["dropped_hot"] += 1
+            return "hot"
+        return self._enqueue(kb, ts)
+
+    def _enqueue(self, kb: bytes, ts: float) -> str:
+        lateness = self.config.lateness or 0.0
+        with self._cond:
+            if ts < self.watermark - lateness:
+                self.counters["dropped_late"] += 1
+                return "late"
+            state = self._buffer.add(kb, ts, time.perf_counter())
+            if state == "new":
+                self.counters["sent"] += 1
+                self._cond.notify()
+        if len(self._threads) < self.config.fetch_threads:
+            self._ensure_threads()
+        return "queued"
+
+    # -- uses and demand fetches -----------------------------------------------------------
+
+    def note_use(self, kb: bytes, ts: float | None = None) -> float | None:
+        """A record needing ``kb`` (at event time ``ts``) reached the stateful step.
+
+        Advances the watermark, classifies the prefetch (useful / late) and returns the slack in
+        seconds if the key had been hinted, else ``None``.
+        """
+        now = time.perf_counter()
+        with self._lock:
+            if ts is not None and ts > self.watermark:
+                self.watermark = ts
+            t0 = self._landed.pop(kb, None)
+            if t0 is not None:
+                self.counters["useful"] += 1
+                s = now - t0
+                self.slack.add(s)
+                return s
+            st = self._buffer.state(kb)
+            if st is None:
+                return None
+            where, (hts, t0) = st
+            self.counters["late"] += 1
+            if where == "inflight":
+                self._used_inflight.add(kb)
+            elif where == "pending" and (ts is None or hts <= ts):
+                # nobody later needs it: the demand fetch will load it; don't fetch it again
+                del self._buffer.pending[kb]
+            s = now - t0
+            self.slack.add(s)
+            return s
+
+    def failure(self, kb: bytes) -> BaseException | None:
+        """The error of a failed prefetch of ``kb`` (and forget it), else ``None``."""
+        if not self._failed:
+            return None
+        with self._lock:
+            return self._failed.pop(kb, None)
+
+    @contextlib.contextmanager
+    def demand(self) -> Iterator[None]:
+        """Mark a demand fetch in progress: fetch threads start no new batch meanwhile."""
+        with self._lock:
+            self._demand += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._demand -= 1
+                if not self._demand:
+                    self._cond.notify_all()
+
+    # -- fetch side -------------------------------------------------------------------------
+
+    def _next_batch(self) -> list[tuple[bytes, float, float]] | None:
+        """Block until a batch is available; ``None`` when the fetcher should exit."""
+        lateness = self.config.lateness or 0.0
+        with self._cond:
+            while True:
+                if self._closed or self._pid != os.getpid():
+                    return None
+                if self._buffer.pending and not self._demand:
+                    batch, late = self._buffer.take(self.config.batch_size,
+                                                    self.watermark - lateness)
+                    self.counters["dropped_late"] += late
+                    if batch:
+                        return batch
+                    continue
+                self._cond.wait(0.05 if self._demand else 1.0)
+                if self._mref() is None:
+                    return None
+
+    def _fetch(self, batch: list[tuple[bytes, float, float]]) -> None:
+        m = self._mref()
+        keys = [kb for kb, _, _ in batch]
+        t_start = time.perf_counter()
+        error: BaseException | None = None
+        loaded: dict = {}
+        if m is not None:
+            try:
+                loaded = m._load_into_heap(keys, max(ts for _, ts, _ in batch), prefetch=True)
+                for kb, ts, _ in batch:
+                    if kb in loaded:
+                        m._policy_hint(kb, ts)
+            except BaseException as exc:  # a backend failure must not kill the fetch thread
+                error = exc
+        now = time.perf_counter()
+        with self._lock:
+            self._buffer.done(keys)
+            self.counters["batches"] += 1
+            self.batch_latency.add(now - t_start)
+            if error is not None:
+                self.counters["failures"] += 1
+                if len(self._failed) + len(keys) > _FAILED_MAX:
+                    self._failed.clear()
+                for kb in keys:
+                    self._failed[kb] = error
+                    self._used_inflight.discard(kb)
+                return
+            used = self._used_inflight
+            for kb, _, t0 in batch:
+                was_used = kb in used
+                if was_used:
+                    used.discard(kb)
+                if kb in loaded:
+                    self.fetch_latency.add(now - t0)
+                    if not was_used:
+                        self._landed[kb] = t0
+            self.counters["prefetched"] += len(loaded)
+        if now - self._last_sweep > _SWEEP_INTERVAL:
+            self._sweep(m)
+
+    def _sweep(self, m: Any = None) -> None:
+        """Count prefetched keys that left the heap unused as wasted."""
+        m = m if m is not None else self._mref()
+        if m is None:
+            return
+        self._last_sweep = time.perf_counter()
+        with self._lock:
+            keys = list(self._landed)
+        gone = [kb for kb in keys if not m._resident(kb)]
+        if gone:
+            with self._lock:
+                for kb in gone:
+                    if self._landed.pop(kb, None) is not None:
+                        self.counters["wasted"] += 1
+
+    # -- statistics -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        self._sweep()
+        ms = _ms
+        with self._lock:
+            out: dict[str, Any] = dict(self.counters)
+            out["pending"] = len(self._buffer.pending)
+            out["inflight"] = len(self._buffer.inflight)
+            out["depth"] = self.depth
+            slack = list(self.slack._d)
+            lat = list(self.fetch_latency._d)
+            blat = list(self.batch_latency._d)
+        out["slack_ms"] = {"p1": ms(quantile(slack, 0.01)), "p50": ms(quantile(slack, 0.5)),
+                           "p99": ms(quantile(slack, 0.99))}
+        out["fetch_latency_ms"] = {"p50": ms(quantile(lat, 0.5)), "p99": ms(quantile(lat, 0.99))}
+        out["batch_latency_ms"] = {"p50": ms(quantile(blat, 0.5)),
+                                   "p99": ms(quantile(blat, 0.99))}
+        hints = out["hints"]
+        out["hot_drop_ratio"] = out["dropped_hot"] / hints if hints else 0.0
+        return out
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000.0, 4)
+
+
+def _fetch_loop(pref: "weakref.ref[Prefetcher]") -> None:
+    while True:
+        p = pref()
+        if p is None:
+            return
+        batch = p._next_batch()
+        if batch is None:
+            return
+        p._fetch(batch)
+        del p
+
+
+class HotKeyFilter:
+    """Counts hints in the 4-bit count-min sketch; a key is hot once its estimate > threshold.
+
+    Increments are buffered (key hash -> count) and applied in batches with
+    ``FrequencySketch.increment_hashes`` (numpy), as the sketch's cost model asks; an estimate
+    adds the key's still-buffered count, so buffering never hides a hot key.
+    """
+
+    FLUSH = 512
+
+    def __init__(self, capacity: int, threshold: int) -> None:
+        from .sketch import FrequencySketch
+
+        self.sketch = FrequencySketch(capacity)
+        self.threshold = threshold
+        self._pending: dict[int, int] = {}
+        self._npending = 0
+        self._lock = threading.Lock()
+
+    def hot(self, kb: bytes) -> bool:
+        h = hash(kb)
+        with self._lock:
+            c = self._pending.get(h, 0) + 1
+            self._pending[h] = c
+            self._npending += 1
+            est = self.sketch.frequency_of_hash(h) + c
+            if self._npending >= self.FLUSH:
+                pending, self._pending, self._npending = self._pending, {}, 0
+                self.sketch.increment_hashes(list(pending), list(pending.values()))
+        return est > self.threshold
+
+
+def _make_filter(manager: Any) -> HotKeyFilter | None:
+    """A hot-key filter sized to the heap, or ``None`` when disabled (threshold 16)."""
+    threshold = manager.config.prefetch.hot_threshold
+    if threshold >= 16:
+        return None
+    heap = manager.config.heap
+    capacity = 4096
+    if heap is not None and heap.max_entries:
+        capacity = heap.max_entries
+    elif heap is not None and heap.max_bytes:
+        capacity = heap.max_bytes // 1024
+    return HotKeyFilter(min(max(capacity, 1024), 1 << 20), threshold)
