@@ -1,0 +1,379 @@
+"""One contract suite over every byte level (DESIGN §3), plus a model test against a dict.
+
+The parameter list is built at import time from the level modules that import, so a new level
+(the arena) joins the suite as soon as it exists. Redis is the real server from conftest.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from mlcache.config import DiskConfig, RedisConfig
+from mlcache.errors import CapacityError
+from mlcache.levels import Level
+from mlcache.levels.disk import DiskLevel
+from mlcache.levels.redis import RedisLevel
+
+MiB = 1 << 20
+
+
+@dataclass
+class Kind:
+    id: str
+    build: Callable[["Env", str, dict[str, Any]], Any]
+    durable: bool          # data survives close() and a new level object on the same config
+    exact_bytes: bool      # used_bytes() is exactly the sum of the value lengths
+    needs_redis: bool = False
+
+
+def _disk(shards: int) -> Callable[["Env", str, dict[str, Any]], Any]:
+    def build(env: "Env", name: str, opts: dict[str, Any]) -> Any:
+        return DiskLevel(DiskConfig(path=os.path.join(env.tmp, name), shards=shards, **opts))
+    return build
+
+
+def _redis(env: "Env", name: str, opts: dict[str, Any]) -> Any:
+    return RedisLevel(RedisConfig(url=env.redis_url, prefix=f"{env.token}-{name}", **opts))
+
+
+KINDS = [
+    Kind("disk", _disk(1), durable=True, exact_bytes=True),
+    Kind("disk-sharded", _disk(3), durable=True, exact_bytes=True),
+    Kind("redis", _redis, durable=True, exact_bytes=True, needs_redis=True),
+]
+
+try:
+    from mlcache.config import ArenaConfig
+    from mlcache.levels.arena import ArenaLevel
+except ModuleNotFoundError as exc:  # the arena is another module; it joins once it exists
+    if exc.name != "mlcache.levels.arena":
+        raise
+else:
+    def _arena(env: "Env", name: str, opts: dict[str, Any]) -> Any:
+        opts = dict(opts)
+        opts["max_bytes"] = opts.get("max_bytes") or 8 * MiB
+        return ArenaLevel(ArenaConfig(block_size=256, buffer_size=4096, **opts))
+
+    KINDS.append(Kind("arena", _arena, durable=False, exact_bytes=False))
+
+
+class Env:
+    def __init__(self, kind: Kind, tmp: str, redis_url: str | None) -> None:
+        self.kind = kind
+        self.tmp = tmp
+        self.redis_url = redis_url
+        self.token = uuid.uuid4().hex[:10]
+        self.opened: list[Any] = []
+
+    def make(self, name: str = "main", **opts: Any) -> Any:
+        level = self.kind.build(self, name, opts)
+        self.opened.append(level)
+        return level
+
+    def close(self) -> None:
+        for level in self.opened:
+            level.close()
+
+
+@pytest.fixture(params=KINDS, ids=[k.id for k in KINDS])
+def env(request, tmp_path):
+    kind: Kind = request.param
+    url = request.getfixturevalue("redis_url") if kind.needs_redis else None
+    e = Env(kind, str(tmp_path), url)
+    yield e
+    e.close()
+
+
+def contents(level: Any, keys: list[bytes]) -> dict[bytes, bytes]:
+    return {k: v for k, v in zip(keys, level.get_many(keys)) if v is not None}
+
+
+# -- the basics -------------------------------------------------------------------------------
+
+def test_is_a_level(env):
+    level = env.make()
+    assert isinstance(level, Level)
+    assert isinstance(level.name, str) and level.name
+    assert level.may_evict is True and level.lossy is False
+
+
+def test_batches_roundtrip_and_missing_keys_are_none(env):
+    level = env.make()
+    items = [(b"k%d" % i, b"v%d" % i * (i + 1)) for i in range(50)]
+    assert level.put_many(items) == []
+    keys = [b"missing-1"] + [k for k, _ in items] + [b"missing-2"]
+    got = level.get_many(keys)
+    assert got[0] is None and got[-1] is None
+    assert got[1:-1] == [v for _, v in items]
+    assert level.get_many([]) == []
+    assert level.put_many([]) == []
+    level.delete_many([])
+
+
+def test_overwrite_and_duplicate_keys_in_a_batch(env):
+    level = env.make()
+    level.put_many([(b"a", b"old"), (b"b", b"bee")])
+    level.put_many([(b"a", b"first"), (b"a", b"newer and longer")])
+    assert level.get_many([b"a", b"b"]) == [b"newer and longer", b"bee"]
+    if env.kind.exact_bytes:
+        assert level.used_bytes() == len(b"newer and longer") + 3
+
+
+def test_delete_many(env):
+    level = env.make()
+    level.put_many([(b"x%d" % i, b"v") for i in range(10)])
+    level.delete_many([b"x1", b"x3", b"x3", b"never-there"])
+    got = level.get_many([b"x%d" % i for i in range(10)])
+    assert [g is None for g in got] == [i in (1, 3) for i in range(10)]
+    assert b"x1" not in set(level.scan(b""))
+    level.delete_many([b"x%d" % i for i in range(10)])
+    assert list(level.scan(b"")) == []
+    if env.kind.exact_bytes:
+        assert level.used_bytes() == 0
+
+
+def test_scan_by_prefix_is_exact(env):
+    level = env.make()
+    keys = [b"a", b"ab", b"abc", b"b", b"a\x00", b"a\xff", b"a\xff\xff", b"a*", b"a?", b"[a]",
+            b"a\\", b"ba", b"\xff"]
+    level.put_many([(k, b"v") for k in keys])
+    assert sorted(level.scan(b"")) == sorted(keys)
+    assert sorted(level.scan(b"a")) == sorted(k for k in keys if k.startswith(b"a"))
+    assert sorted(level.scan(b"ab")) == [b"ab", b"abc"]
+    assert sorted(level.scan(b"a*")) == [b"a*"]          # glob characters are literal
+    assert sorted(level.scan(b"a?")) == [b"a?"]
+    assert sorted(level.scan(b"[a")) == [b"[a]"]
+    assert sorted(level.scan(b"a\\")) == [b"a\\"]
+    assert sorted(level.scan(b"a\xff")) == [b"a\xff", b"a\xff\xff"]
+    assert sorted(level.scan(b"\xff")) == [b"\xff"]
+    assert list(level.scan(b"zzz")) == []
+
+
+def test_scan_many_keys(env):
+    level = env.make()
+    keys = [b"p%05d" % i for i in range(1200)]
+    level.put_many([(k, b"") for k in keys])
+    level.put_many([(b"q%d" % i, b"") for i in range(10)])
+    assert sorted(level.scan(b"p")) == keys
+
+
+def test_binary_safe_keys_and_values(env):
+    level = env.make()
+    every_byte = bytes(range(256))
+    items = [(bytes([i]), bytes([i]) * 3) for i in range(256)]
+    items += [(every_byte, every_byte), (b"empty", b""), (b"nul\x00key", b"\x00\x00")]
+    level.put_many(items)
+    keys = [k for k, _ in items]
+    assert level.get_many(keys) == [v for _, v in items]
+    assert sorted(level.scan(b"")) == sorted(keys)
+    assert level.get_many([b"empty"]) == [b""]           # an empty value is not a miss
+
+
+def test_large_values(env):
+    level = env.make()
+    big = os.urandom(MiB)
+    level.put_many([(b"big", big), (b"small", b"s")])
+    assert level.get_many([b"big", b"small"]) == [big, b"s"]
+    level.put_many([(b"big", big[::-1])])
+    assert level.get_many([b"big"]) == [big[::-1]]
+
+
+# -- bounds -----------------------------------------------------------------------------------
+
+def test_bounded_level_returns_victims_and_stays_under_its_bound(env):
+    bound = 20_000
+    level = env.make(max_bytes=bound)
+    written: dict[bytes, bytes] = {}
+    below: dict[bytes, bytes] = {}
+    for batch in range(10):
+        items = [(b"e%03d" % (batch * 10 + i), os.urandom(1000)) for i in range(10)]
+        victims = level.put_many(items)
+        written.update(items)
+        for key, value in victims:
+            assert value == written[key]
+            below[key] = value
+        assert level.used_bytes() <= bound
+    here = contents(level, list(written))
+    assert here, "a bounded level keeps what fits"
+    assert not set(here) & set(below), "a victim is not left behind in the level"
+    assert {**here, **below} == written, "every entry is in the level or was handed back"
+    # A value bigger than the whole level passes straight through.
+    huge = os.urandom(bound + 1)
+    assert level.put_many([(b"huge", huge)]) == [(b"huge", huge)]
+    assert level.get_many([b"huge"]) == [None]
+    assert level.used_bytes() <= bound
+
+
+def test_store_of_record_raises_capacity_error_and_loses_nothing(env):
+    bound = 10_000
+    level = env.make(max_bytes=bound)
+    level.may_evict = False
+    first = {b"s%02d" % i: os.urandom(1000) for i in range(6)}
+    assert level.put_many(list(first.items())) == []
+    used = level.used_bytes()
+    overflow = [(b"s00", os.urandom(2000))] + [(b"n%02d" % i, os.urandom(1000)) for i in range(6)]
+    with pytest.raises(CapacityError) as info:
+        level.put_many(overflow)
+    assert info.value.level == level.name
+    assert str(bound) in str(info.value)
+    assert contents(level, list(first) + [k for k, _ in overflow]) == first
+    assert level.used_bytes() == used
+    with pytest.raises(CapacityError):
+        level.put_many([(b"too-big", os.urandom(bound + 1))])
+    assert contents(level, list(first)) == first
+
+
+def test_lossy_store_of_record_drops_instead_of_raising(env):
+    bound = 5_000
+    level = env.make(max_bytes=bound, lossy=True)
+    level.may_evict = False
+    for i in range(20):
+        assert level.put_many([(b"l%02d" % i, os.urandom(1000))]) == []
+        assert level.used_bytes() <= bound
+    assert 0 < len(contents(level, [b"l%02d" % i for i in range(20)])) < 20
+
+
+# -- durability and isolation -----------------------------------------------------------------
+
+def test_close_and_reopen_keeps_data(env):
+    if not env.kind.durable:
+        level = env.make()
+        level.put_many([(b"k", b"v")])
+        level.close()
+        return
+    level = env.make("durable")
+    items = [(b"d%d" % i, os.urandom(100 + i)) for i in range(100)] + [(b"big", os.urandom(MiB))]
+    level.put_many(items)
+    level.delete_many([b"d7"])
+    level.sync()
+    level.close()
+    level.close()          # idempotent
+    again = env.make("durable")
+    expected = {k: v for k, v in items if k != b"d7"}
+    assert contents(again, [k for k, _ in items]) == expected
+    assert sorted(again.scan(b"")) == sorted(expected)
+
+
+def test_two_prefixes_on_one_redis_are_isolated(redis_url):
+    a = RedisLevel(RedisConfig(url=redis_url, prefix="a"))
+    ab = RedisLevel(RedisConfig(url=redis_url, prefix="ab", max_bytes=10_000))
+    try:
+        a.put_many([(b"k", b"from-a"), (b"b:k", b"tricky")])
+        ab.put_many([(b"k", b"from-ab")])
+        assert a.get_many([b"k"]) == [b"from-a"]
+        assert ab.get_many([b"k", b"b:k"]) == [b"from-ab", None]
+        assert sorted(a.scan(b"")) == [b"b:k", b"k"]
+        assert list(ab.scan(b"")) == [b"k"]
+        assert ab.used_bytes() == len(b"from-ab")
+        assert a.used_bytes() == len(b"from-a") + len(b"tricky")
+        ab.delete_many([b"k"])
+        assert a.get_many([b"k"]) == [b"from-a"]
+    finally:
+        a.close()
+        ab.close()
+
+
+def test_two_disk_directories_are_isolated(tmp_path):
+    one = DiskLevel(DiskConfig(path=str(tmp_path / "one")))
+    two = DiskLevel(DiskConfig(path=str(tmp_path / "two")))
+    try:
+        one.put_many([(b"k", b"1")])
+        assert two.get_many([b"k"]) == [None]
+        assert oct(os.stat(one.path).st_mode & 0o777) == oct(0o700)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_redis_down_is_level_unavailable_and_retryable(redis_server):
+    from mlcache.errors import LevelUnavailableError
+
+    level = RedisLevel(RedisConfig(url="redis://:pw@127.0.0.1:1/0", retries=1))
+    with pytest.raises(LevelUnavailableError) as info:
+        level.put_many([(b"k", b"v")])
+    assert info.value.level == "redis" and info.value.retryable
+    assert "pw" not in str(info.value)
+    level.close()
+
+
+# -- model-based: every level against a dict --------------------------------------------------
+
+KEYS = st.binary(min_size=1, max_size=3).map(lambda b: b"m" + b)
+VALUES = st.binary(max_size=400)
+
+
+class LevelModel(RuleBasedStateMachine):
+    """Random batches against a dict. Bounded variants hand victims 'below'; no key is lost."""
+
+    factory: Callable[[], Any]
+    bound: int | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.level = type(self).factory()
+        self.model: dict[bytes, bytes] = {}
+        self.below: dict[bytes, bytes] = {}
+
+    @rule(items=st.lists(st.tuples(KEYS, VALUES), max_size=12))
+    def put_many(self, items):
+        victims = self.level.put_many(items)
+        for key, value in items:
+            self.model[key] = value
+            self.below.pop(key, None)
+        if self.bound is None:
+            assert victims == []
+        for key, value in victims:
+            assert self.model[key] == value
+            self.below[key] = value
+
+    @rule(keys=st.lists(KEYS, max_size=12))
+    def delete_many(self, keys):
+        self.level.delete_many(keys)
+        for key in keys:
+            self.model.pop(key, None)
+            self.below.pop(key, None)
+
+    @rule(keys=st.lists(KEYS, max_size=12))
+    def get_many(self, keys):
+        for key, got in zip(keys, self.level.get_many(keys)):
+            if got is not None:
+                assert got == self.model[key]
+            else:
+                assert key not in self.model or key in self.below
+
+    @rule(prefix=st.binary(max_size=2).map(lambda b: b"m" + b))
+    def scan(self, prefix):
+        here = set(self.level.scan(prefix))
+        expected = {k for k in self.model if k.startswith(prefix) and k not in self.below}
+        assert here == expected
+
+    @invariant()
+    def nothing_lost_and_bound_kept(self):
+        keys = list(self.model)
+        for key, got in zip(keys, self.level.get_many(keys)):
+            assert (got if got is not None else self.below.get(key)) == self.model[key]
+        if self.bound is not None:
+            assert self.level.used_bytes() <= self.bound
+
+    def teardown(self) -> None:
+        self.level.close()
+
+
+@pytest.mark.parametrize("bound", [None, 2_000], ids=["unbounded", "bounded"])
+def test_level_matches_dict_model(env, bound):
+    counter = iter(range(10**6))
+
+    def factory() -> Any:
+        opts = {} if bound is None else {"max_bytes": bound}
+        return env.kind.build(env, f"model{next(counter)}", opts)
+
+    machine = type("Machine", (LevelModel,), {"factory": staticmethod(factory), "bound": bound})
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None))
