@@ -31,6 +31,12 @@ class Kind:
     durable: bool          # data survives close() and a new level object on the same config
     exact_bytes: bool      # used_bytes() is exactly the sum of the value lengths
     needs_redis: bool = False
+    fixed_cost: int = 0    # bytes a bounded level charges before holding anything
+    entry_cost: int = 1    # how many times its value bytes an entry may cost (blocks, index)
+
+    def bound(self, value_bytes: int) -> int:
+        """A max_bytes that holds about ``value_bytes`` of values in this kind of level."""
+        return self.fixed_cost + self.entry_cost * value_bytes
 
 
 def _disk(shards: int) -> Callable[["Env", str, dict[str, Any]], Any]:
@@ -61,7 +67,10 @@ else:
         opts["max_bytes"] = opts.get("max_bytes") or 8 * MiB
         return ArenaLevel(ArenaConfig(block_size=256, buffer_size=4096, **opts))
 
-    KINDS.append(Kind("arena", _arena, durable=False, exact_bytes=False))
+    from mlcache.levels.arena import LEVEL_OVERHEAD
+
+    KINDS.append(Kind("arena", _arena, durable=False, exact_bytes=False,
+                      fixed_cost=LEVEL_OVERHEAD, entry_cost=3))
 
 
 class Env:
@@ -188,11 +197,11 @@ def test_large_values(env):
 # -- bounds -----------------------------------------------------------------------------------
 
 def test_bounded_level_returns_victims_and_stays_under_its_bound(env):
-    bound = 20_000
+    bound = env.kind.bound(20_000)
     level = env.make(max_bytes=bound)
     written: dict[bytes, bytes] = {}
     below: dict[bytes, bytes] = {}
-    for batch in range(10):
+    for batch in range(10 * env.kind.entry_cost):
         items = [(b"e%03d" % (batch * 10 + i), os.urandom(1000)) for i in range(10)]
         victims = level.put_many(items)
         written.update(items)
@@ -200,44 +209,82 @@ def test_bounded_level_returns_victims_and_stays_under_its_bound(env):
             assert value == written[key]
             below[key] = value
         assert level.used_bytes() <= bound
+    assert below, "the level overflowed"
     here = contents(level, list(written))
     assert here, "a bounded level keeps what fits"
     assert not set(here) & set(below), "a victim is not left behind in the level"
     assert {**here, **below} == written, "every entry is in the level or was handed back"
-    # A value bigger than the whole level passes straight through.
+
+
+def test_value_bigger_than_the_level_is_handed_back_or_refused(env):
+    bound = env.kind.bound(5_000)
+    level = env.make(max_bytes=bound)
+    level.put_many([(b"small", b"s" * 100), (b"huge", b"old")])
     huge = os.urandom(bound + 1)
-    assert level.put_many([(b"huge", huge)]) == [(b"huge", huge)]
-    assert level.get_many([b"huge"]) == [None]
+    try:
+        victims = level.put_many([(b"huge", huge)])
+    except CapacityError as exc:      # refused: nothing changed
+        assert exc.level == level.name
+        assert level.get_many([b"huge"]) == [b"old"]
+    else:                             # passed straight through, the stale copy gone
+        assert victims == [(b"huge", huge)]
+        assert level.get_many([b"huge"]) == [None]
+    assert level.get_many([b"small"]) == [b"s" * 100]
     assert level.used_bytes() <= bound
 
 
+def fill_store_of_record(level: Any) -> dict[bytes, bytes]:
+    """Write 1000-byte entries to a store of record until it refuses one; return what it holds."""
+    held: dict[bytes, bytes] = {}
+    for i in range(10_000):
+        key, value = b"s%04d" % i, os.urandom(1000)
+        try:
+            assert level.put_many([(key, value)]) == []
+        except CapacityError:
+            return held
+        held[key] = value
+    raise AssertionError("a bounded store of record never filled up")
+
+
 def test_store_of_record_raises_capacity_error_and_loses_nothing(env):
-    bound = 10_000
+    bound = env.kind.bound(10_000)
     level = env.make(max_bytes=bound)
     level.may_evict = False
-    first = {b"s%02d" % i: os.urandom(1000) for i in range(6)}
-    assert level.put_many(list(first.items())) == []
+    held = fill_store_of_record(level)
+    assert len(held) >= 3
     used = level.used_bytes()
-    overflow = [(b"s00", os.urandom(2000))] + [(b"n%02d" % i, os.urandom(1000)) for i in range(6)]
+    first = next(iter(held))
+    overflow = [(first, os.urandom(2000))] + [(b"n%02d" % i, os.urandom(1000)) for i in range(6)]
     with pytest.raises(CapacityError) as info:
         level.put_many(overflow)
     assert info.value.level == level.name
-    assert str(bound) in str(info.value)
-    assert contents(level, list(first) + [k for k, _ in overflow]) == first
+    assert contents(level, list(held) + [k for k, _ in overflow]) == held
     assert level.used_bytes() == used
     with pytest.raises(CapacityError):
         level.put_many([(b"too-big", os.urandom(bound + 1))])
-    assert contents(level, list(first)) == first
+    assert contents(level, list(held)) == held
+    level.delete_many([first])           # room again: writes succeed
+    assert level.put_many([(b"again", b"x" * 500)]) == []
+
+
+def test_capacity_error_names_level_and_sizes(tmp_path, redis_url):
+    for level in (DiskLevel(DiskConfig(path=str(tmp_path / "d"), max_bytes=1000)),
+                  RedisLevel(RedisConfig(url=redis_url, prefix="cap", max_bytes=1000))):
+        level.may_evict = False
+        level.put_many([(b"a", b"x" * 600)])
+        with pytest.raises(CapacityError, match=r"'%s' is full: 600 bytes used \+ 500" % level.name):
+            level.put_many([(b"b", b"y" * 500)])
+        level.close()
 
 
 def test_lossy_store_of_record_drops_instead_of_raising(env):
-    bound = 5_000
+    bound = env.kind.bound(5_000)
     level = env.make(max_bytes=bound, lossy=True)
     level.may_evict = False
-    for i in range(20):
+    for i in range(40):
         assert level.put_many([(b"l%02d" % i, os.urandom(1000))]) == []
         assert level.used_bytes() <= bound
-    assert 0 < len(contents(level, [b"l%02d" % i for i in range(20)])) < 20
+    assert 0 < len(contents(level, [b"l%02d" % i for i in range(40)])) < 40
 
 
 # -- durability and isolation -----------------------------------------------------------------
@@ -313,7 +360,7 @@ class LevelModel(RuleBasedStateMachine):
     """Random batches against a dict. Bounded variants hand victims 'below'; no key is lost."""
 
     factory: Callable[[], Any]
-    bound: int | None = None
+    bound: int | None = None      # the level's max_bytes, if bounded
 
     def __init__(self) -> None:
         super().__init__()
@@ -371,9 +418,10 @@ def test_level_matches_dict_model(env, bound):
     counter = iter(range(10**6))
 
     def factory() -> Any:
-        opts = {} if bound is None else {"max_bytes": bound}
+        opts = {} if bound is None else {"max_bytes": env.kind.bound(bound)}
         return env.kind.build(env, f"model{next(counter)}", opts)
 
-    machine = type("Machine", (LevelModel,), {"factory": staticmethod(factory), "bound": bound})
+    limit = None if bound is None else env.kind.bound(bound)
+    machine = type("Machine", (LevelModel,), {"factory": staticmethod(factory), "bound": limit})
     run_state_machine_as_test(
         machine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None))
