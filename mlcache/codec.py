@@ -1,0 +1,159 @@
+"""Values <-> bytes: a msgpack fast path, a cloudpickle fallback, an optional HMAC signature.
+
+Layout of an encoded value::
+
+    [format byte] [32-byte HMAC-SHA256 of everything after it, only if signed] [payload]
+
+The format byte says which decoder reads the payload (``MSGPACK`` or ``PICKLE``) and whether a
+signature follows (``SIGNED`` bit). msgpack is used for plain data because it is safe to decode
+from a shared store and portable across languages; its ext types keep Python's exact types
+(tuple, set, frozenset, big ints, dicts with non-str keys) so a round trip gives back an equal
+value of the same types. Anything msgpack cannot take exactly (``strict_types``: subclasses,
+dataclasses, numpy arrays, ...) falls back to cloudpickle, unless ``allow_pickle=False``.
+
+Unpickling runs code, so with a ``signing_key`` every decode first checks the signature with
+``hmac.compare_digest`` and refuses unsigned or tampered bytes. ``allow_pickle=False`` never
+unpickles at all. Corrupt or truncated bytes raise :class:`~mlcache.errors.IntegrityError`, never
+a stray ``ValueError`` from a decoder. This is the whole boundary, kept as small as diskcache's
+``Disk``: subclass and override ``dumps``/``loads`` for another format.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import pickle
+from typing import Any
+
+import cloudpickle
+import msgpack
+
+from .errors import IntegrityError, SerializationError
+
+__all__ = ["Codec", "MSGPACK", "PICKLE", "SIGNED"]
+
+MSGPACK = 0x01
+PICKLE = 0x02
+SIGNED = 0x80
+_SIG_LEN = 32
+
+# msgpack ext type codes
+_TUPLE, _SET, _FROZENSET, _BIGINT = 1, 2, 3, 4
+
+
+class _Unsupported(Exception):
+    """Raised inside msgpack's ``default`` hook: this value needs the pickle fallback."""
+
+
+def _pack_inner(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=True)
+
+
+def _default(obj: Any) -> Any:
+    t = type(obj)
+    if t is tuple:
+        return msgpack.ExtType(_TUPLE, _pack_inner(list(obj)))
+    if t is set:
+        return msgpack.ExtType(_SET, _pack_inner(list(obj)))
+    if t is frozenset:
+        return msgpack.ExtType(_FROZENSET, _pack_inner(list(obj)))
+    if t is int:  # outside msgpack's 64-bit range
+        return msgpack.ExtType(_BIGINT, str(obj).encode("ascii"))
+    raise _Unsupported(t)
+
+
+def _unpack_inner(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False,
+                           use_list=True)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _TUPLE:
+        return tuple(_unpack_inner(data))
+    if code == _SET:
+        return set(_unpack_inner(data))
+    if code == _FROZENSET:
+        return frozenset(_unpack_inner(data))
+    if code == _BIGINT:
+        return int(data.decode("ascii"))
+    raise IntegrityError(f"unknown msgpack ext type {code}")
+
+
+class Codec:
+    """Encode values to bytes and back; see the module docstring for the format."""
+
+    def __init__(self, signing_key: bytes | None = None, allow_pickle: bool = True) -> None:
+        if isinstance(signing_key, str):
+            signing_key = signing_key.encode()
+        self.signing_key = signing_key
+        self.allow_pickle = allow_pickle
+
+    # -- the two hooks a subclass may override -----------------------------------------------
+
+    def dumps(self, value: Any) -> tuple[int, bytes]:
+        """Return ``(format, payload)``; raise ``SerializationError`` if no format takes it."""
+        try:
+            return MSGPACK, _pack_inner(value)
+        except (_Unsupported, TypeError, ValueError, OverflowError) as exc:
+            # dict keys msgpack cannot take hashed (e.g. a tuple key inside a set) and cycles
+            # (ValueError: recursion) also end here.
+            msgpack_error = exc
+        if not self.allow_pickle:
+            raise SerializationError(
+                f"cannot encode a value of type {type(value).__name__} with msgpack and "
+                f"allow_pickle=False ({_describe(msgpack_error)})",
+                value_type=type(value))
+        try:
+            return PICKLE, cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(
+                f"cannot encode a value of type {type(value).__name__}: {exc}",
+                value_type=type(value)) from exc
+
+    def loads(self, fmt: int, payload: bytes) -> Any:
+        if fmt == MSGPACK:
+            return _unpack_inner(payload)
+        if fmt == PICKLE:
+            if not self.allow_pickle:
+                raise IntegrityError("refusing to unpickle: allow_pickle=False")
+            return pickle.loads(payload)
+        raise IntegrityError(f"unknown format byte 0x{fmt:02x}")
+
+    # -- public API --------------------------------------------------------------------------
+
+    def encode(self, value: Any) -> bytes:
+        fmt, payload = self.dumps(value)
+        if self.signing_key is None:
+            return bytes((fmt,)) + payload
+        head = bytes((fmt | SIGNED,))
+        sig = hmac.new(self.signing_key, head + payload, hashlib.sha256).digest()
+        return head + sig + payload
+
+    def decode(self, data: bytes) -> Any:
+        if not data:
+            raise IntegrityError("empty value bytes")
+        head = data[0]
+        if head & SIGNED:
+            if len(data) < 1 + _SIG_LEN:
+                raise IntegrityError("truncated value: signature incomplete")
+            payload = data[1 + _SIG_LEN:]
+            if self.signing_key is not None:
+                expected = hmac.new(self.signing_key, data[:1] + payload, hashlib.sha256).digest()
+                if not hmac.compare_digest(expected, data[1:1 + _SIG_LEN]):
+                    raise IntegrityError("signature mismatch: value tampered or signed with "
+                                         "another key")
+        else:
+            if self.signing_key is not None:
+                raise IntegrityError("unsigned value but a signing key is configured")
+            payload = data[1:]
+        try:
+            return self.loads(head & ~SIGNED, bytes(payload))
+        except IntegrityError:
+            raise
+        except Exception as exc:
+            raise IntegrityError(f"corrupt value bytes: {type(exc).__name__}: {exc}") from exc
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, _Unsupported):
+        return f"unsupported type {exc.args[0].__name__}"
+    return f"{type(exc).__name__}: {exc}"

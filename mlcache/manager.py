@@ -1,0 +1,831 @@
+"""CacheManager: routes get/put/delete/hint/flush/checkpoint across the heap and the byte levels.
+
+The data path (DESIGN §2): a read looks in the heap, then the eviction buffer, then waits for a
+fetch already in flight, then asks the byte levels in order with one ``get_many`` per level per
+batch; what it finds is decoded and inserted into the heap clean (the lower copy stays, so a
+clean eviction later costs nothing). A write replaces the heap entry and marks it dirty; dirty
+victims go down through :mod:`mlcache.writeback`.
+
+Everything shared is guarded by one re-entrant lock, held only for in-memory work: a heap hit
+is a dict lookup, a policy access and a counter under that lock. Level I/O runs outside it
+(see writeback's ``wseq`` for how reads stay exact while writes are in flight). User keys are
+turned into canonical byte keys once and memoised, so the hit path never runs msgpack.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
+
+from .codec import Codec
+from .config import CacheConfig
+from .errors import CacheError, ConfigError, SerializationError
+from .keys import check_key, decode_key, encode_key, namespace_prefix
+from .levels.heap import HeapLevel
+from .stats import Stats
+from .writeback import WriteBack
+
+__all__ = ["CacheManager", "Namespace", "register_structure"]
+
+_MISSING: Any = object()
+_SIMPLE_KEYS = frozenset((str, int, bytes))
+_IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None), complex))
+_MEMO_MAX = 1 << 16
+
+_STRUCTURES: dict[str, Callable[..., Any]] = {}
+
+
+def register_structure(kind: str, factory: Callable[..., Any]) -> None:
+    """Register ``factory(manager, name, **kw)`` as ``manager.structure(kind, name, **kw)``."""
+    _STRUCTURES[kind] = factory
+
+
+def _digest(data: bytes) -> tuple[int, int]:
+    # In-process only, so the salted built-in hash is fine and far cheaper than a crypto hash.
+    return len(data), hash(data)
+
+
+class _Load:
+    """A fetch in flight for some keys; others wanting them wait on ``done``."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class _KeyView:
+    """Turns user keys into canonical byte keys under one namespace prefix, memoised."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self._prefix = prefix
+        self._memo: dict[Any, bytes] = {}
+
+    def _kb(self, key: Any) -> bytes:
+        if type(key) in _SIMPLE_KEYS:
+            kb = self._memo.get(key)
+            if kb is not None:
+                return kb
+        else:
+            check_key(key)
+            kb = self._memo.get(key)
+            if kb is not None:
+                return kb
+        kb = self._prefix + encode_key(key)
+        memo = self._memo
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[key] = kb
+        return kb
+
+    def _encode_key(self, key: Hashable) -> bytes:
+        return self._kb(key)
+
+    def _user_key(self, kb: bytes) -> Any:
+        return decode_key(kb[len(self._prefix):])
+
+
+class CacheManager(_KeyView):
+    """A multi-level cache: heap -> byte levels, fastest first. Thread-safe; a context manager."""
+
+    def __init__(self, config: CacheConfig | None = None) -> None:
+        if config is None:
+            config = CacheConfig()
+        if not isinstance(config, CacheConfig):
+            raise ConfigError("config", f"must be a CacheConfig, got {type(config).__name__}")
+        super().__init__(namespace_prefix(config.namespace))
+        self.config = config
+        self._lock = threading.RLock()
+        self._codec = Codec(config.signing_key, config.allow_pickle)
+        self._heap = HeapLevel(config.heap) if config.heap is not None else None
+        levels = []
+        try:
+            for i, lc in enumerate(config.levels):
+                level = lc.build()
+                if i == len(config.levels) - 1:
+                    level.may_evict = bool(lc.lossy)
+                else:
+                    level.may_evict = True
+                levels.append(level)
+        except BaseException:
+            for level in levels:
+                level.close()
+            raise
+        self._levels = levels
+        names: list[str] = []
+        for level in levels:
+            name = level.name
+            while name in names or name == "heap":
+                name = f"{level.name}{len(names)}"
+            names.append(name)
+        self._level_names = names
+        self._stats = Stats(["heap", *names])
+        self._wb = WriteBack(levels, names, self._lock, self._stats,
+                             batch_size=config.write_batch_size,
+                             buffer_max=config.eviction_buffer_max,
+                             retry_attempts=config.retry_attempts,
+                             retry_backoff=config.retry_backoff,
+                             writer_threads=config.writer_threads)
+        self._data: dict[bytes, Any] = self._heap.data if self._heap is not None else {}
+        self._access = self._heap.policy.access if self._heap is not None else None
+        self._track = bool(config.heap is not None and config.heap.track_mutations)
+        self._hits = 0
+        self._digests: dict[bytes, tuple[int, int]] = {}
+        self._handed: set[bytes] = set()
+        self._pin_errors: dict[bytes, SerializationError] = {}
+        self._good_types: set[type] = set()
+        self._loading: dict[bytes, _Load] = {}
+        self._namespaces: dict[str, Namespace] = {}
+        self._structures: dict[tuple[str, str], Any] = {}
+        self._prefetcher: Any = None
+        self._prefetcher_pid = 0
+        self._prefetch_absent = False
+        self._closed = False
+        self.last_checkpoint_id: Any = None
+
+    # -- context manager / lifecycle ---------------------------------------------------------
+
+    def __enter__(self) -> "CacheManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __contains__(self, key: Any) -> bool:
+        return self.contains(key)
+
+    def __repr__(self) -> str:
+        return f"CacheManager(levels={['heap'] if self._heap else []}+{self._level_names})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CacheError("this CacheManager is closed")
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, key: Any, default: Any = None, *, ts: float | None = None) -> Any:
+        """The value of ``key``, or ``default`` on a miss (a miss never raises)."""
+        if type(key) in _SIMPLE_KEYS:
+            kb = self._memo.get(key)
+            if kb is None:
+                kb = self._kb(key)
+        else:
+            kb = self._kb(key)
+        with self._lock:
+            value = self._data.get(kb, _MISSING)
+            if value is not _MISSING:
+                self._hits += 1
+                self._access(kb, ts)  # type: ignore[misc]
+                if self._track:
+                    self._handed.add(kb)
+                return value
+        return self._load_into_heap((kb,), ts).get(kb, default)
+
+    def _get_kb(self, kb: bytes, default: Any, ts: float | None) -> Any:
+        with self._lock:
+            value = self._data.get(kb, _MISSING)
+            if value is not _MISSING:
+                self._hits += 1
+                self._access(kb, ts)  # type: ignore[misc]
+                if self._track:
+                    self._handed.add(kb)
+                return value
+        return self._load_into_heap((kb,), ts).get(kb, default)
+
+    def contains(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
+        pairs = [(key, self._kb(key)) for key in keys]
+        found = self._load_into_heap([kb for _, kb in pairs], ts)
+        return {key: found[kb] for key, kb in pairs if kb in found}
+
+    def _resident(self, key_bytes: bytes) -> bool:
+        return key_bytes in self._data
+
+    def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
+        if self._heap is not None:
+            with self._lock:
+                self._heap.policy.hint(key_bytes, ts)
+
+    def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
+                        prefetch: bool = False) -> dict[bytes, Any]:
+        """Read ``keys_bytes`` through every level into the heap; the batched miss path.
+
+        Resident keys are answered from the heap, tombstoned ones are misses, keys in the
+        eviction buffer come back without I/O, keys another thread is fetching are waited for
+        (a prefetch skips them), and the rest are read with one ``get_many`` per level. A key
+        written or deleted meanwhile keeps the newer state. Returns the keys found.
+        """
+        out: dict[bytes, Any] = {}
+        todo = list(dict.fromkeys(keys_bytes))
+        heap_st = self._stats.levels["heap"]
+        rounds = 0
+        while todo:
+            rounds += 1
+            mine: list[bytes] = []
+            waits: list[_Load] = []
+            retry: list[bytes] = []
+            with self._lock:
+                self._check_open()
+                data, wb = self._data, self._wb
+                for kb in todo:
+                    value = data.get(kb, _MISSING)
+                    if value is not _MISSING:
+                        out[kb] = value
+                        if not prefetch:
+                            self._hits += 1
+                            if self._access is not None:
+                                self._access(kb, ts)
+                            if self._track:
+                                self._handed.add(kb)
+                        continue
+                    if kb in wb.tombstones:
+                        if not prefetch:
+                            heap_st.misses += 1
+                        continue
+                    load = self._loading.get(kb)
+                    if load is not None:
+                        if prefetch:
+                            continue
+                        if rounds < 3:
+                            waits.append(load)
+                            retry.append(kb)
+                            continue
+                        # Still loading after two waits: read it ourselves rather than spin.
+                    raw = wb.pending_lookup(kb)
+                    if raw is not None:
+                        value = self._codec.decode(raw)
+                        self._stats.writeback["buffer_hits"] += 1
+                        out[kb] = self._admit(kb, value, raw, ts)
+                        continue
+                    if not prefetch:
+                        heap_st.misses += 1
+                    mine.append(kb)
+                load = _Load()
+                for kb in mine:
+                    self._loading[kb] = load
+            if mine:
+                try:
+                    self._read_lower(mine, out, ts, prefetch)
+                finally:
+                    with self._lock:
+                        for kb in mine:
+                            if self._loading.get(kb) is load:
+                                del self._loading[kb]
+                    load.done.set()
+            for w in waits:
+                w.done.wait()
+            todo = retry
+        if self._wb.needs_room():
+            self._wb.make_room()
+        else:
+            self._wb.ensure_writers()
+        return out
+
+    def _read_lower(self, keys: list[bytes], out: dict[bytes, Any], ts: float | None,
+                    prefetch: bool) -> None:
+        """Read ``keys`` from the byte levels, then resolve and insert under the lock."""
+        wb = self._wb
+        with self._lock:
+            seq = wb.wseq
+        if seq % 2 == 0:
+            found, timings = self._read_levels(keys)
+            decoded = self._decode_all(found)
+            with self._lock:
+                if wb.wseq == seq:
+                    self._resolve(keys, found, decoded, timings, out, ts, prefetch)
+                    return
+        # A write overlapped the read (an entry may have been between levels): read again
+        # while no write can run.
+        with wb.io_lock:
+            found, timings = self._read_levels(keys)
+            decoded = self._decode_all(found)
+            with self._lock:
+                self._resolve(keys, found, decoded, timings, out, ts, prefetch)
+
+    def _read_levels(self, keys: list[bytes]) -> tuple[dict[bytes, bytes], list[tuple]]:
+        """First level holding each key answers; a level's buffer is consulted just above it."""
+        found: dict[bytes, bytes] = {}
+        timings = []
+        remaining = keys
+        pending = self._wb.buffer.pending
+        for i, level in enumerate(self._levels):
+            if not remaining:
+                break
+            if i > 0 and pending[i]:
+                with self._lock:
+                    p = pending[i]
+                    rest = []
+                    for kb in remaining:
+                        raw = p.get(kb)
+                        if raw is None:
+                            rest.append(kb)
+                        else:
+                            found[kb] = raw
+                remaining = rest
+                if not remaining:
+                    break
+            t0 = time.perf_counter()
+            values = level.get_many(remaining)
+            elapsed = time.perf_counter() - t0
+            rest = []
+            for kb, raw in zip(remaining, values):
+                if raw is None:
+                    rest.append(kb)
+                else:
+                    found[kb] = raw
+            timings.append((self._level_names[i], elapsed, len(remaining) - len(rest), len(rest)))
+            remaining = rest
+        return found, timings
+
+    def _decode_all(self, found: dict[bytes, bytes]) -> dict[bytes, Any]:
+        decode = self._codec.decode
+        out = {}
+        for kb, raw in found.items():
+            try:
+                out[kb] = decode(raw)
+            except CacheError as exc:
+                exc.key = self._describe_key(kb)
+                raise
+        return out
+
+    def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
+                 timings: list[tuple], out: dict[bytes, Any], ts: float | None,
+                 prefetch: bool) -> None:
+        """Lock held: keep whatever happened to a key during the read, else admit what we read."""
+        for name, elapsed, hits, misses in timings:
+            st = self._stats.levels[name]
+            st.loads += 1
+            st.hits += hits
+            st.misses += misses
+            st.keys_loaded += hits
+            st.load_time.record(elapsed)
+        if prefetch:
+            self._stats.prefetch["keys_loaded"] += len(found)
+        data, wb = self._data, self._wb
+        for kb in keys:
+            value = data.get(kb, _MISSING)
+            if value is not _MISSING:          # written meanwhile: the newer value wins
+                out[kb] = value
+                continue
+            if kb in wb.tombstones:            # deleted meanwhile
+                continue
+            raw = wb.pending_lookup(kb)
+            if raw is not None:                # written and evicted meanwhile
+                out[kb] = self._admit(kb, self._codec.decode(raw), raw, ts)
+                continue
+            raw = found.get(kb)
+            if raw is not None:
+                out[kb] = self._admit(kb, decoded[kb], raw, ts)
+
+    def _admit(self, kb: bytes, value: Any, raw: bytes, ts: float | None) -> Any:
+        """Lock held: insert a value read from below into the heap, clean."""
+        heap = self._heap
+        if heap is None:
+            return value
+        if self._track and type(value) not in _IMMUTABLE:
+            self._digests[kb] = _digest(raw)
+        victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts)
+        if victims:
+            self._handle_victims(victims)
+        if self._track:
+            self._handed.add(kb)
+        return value
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def put(self, key: Any, value: Any, *, ts: float | None = None) -> None:
+        """Insert or replace in the heap, dirty; written back later (or at once without a heap)."""
+        self._put_items([(key, self._kb(key), value)], ts)
+
+    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        self._put_items([(key, self._kb(key), value) for key, value in pairs], None)
+
+    def _encode_for(self, key: Any, value: Any) -> bytes:
+        try:
+            return self._codec.encode(value)
+        except SerializationError as exc:
+            raise SerializationError(
+                f"cannot store key {key!r}: value of type {type(value).__name__} is not "
+                f"serializable ({exc})", key=key, value_type=type(value)) from exc
+
+    def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None) -> None:
+        # Check encodability once per value type (cheap amortised), so a SerializationError
+        # names the key here rather than later on a writer thread. Values of a type seen to
+        # encode before are checked again only when they leave the heap.
+        encoded: dict[bytes, bytes] = {}
+        heap = self._heap
+        for key, kb, value in items:
+            if heap is None or type(value) not in self._good_types:
+                encoded[kb] = self._encode_for(key, value)
+                self._good_types.add(type(value))
+        with self._lock:
+            self._check_open()
+            wb = self._wb
+            for key, kb, value in items:
+                wb.tombstones.discard(kb)
+                self._digests.pop(kb, None)
+                self._handed.discard(kb)
+                self._pin_errors.pop(kb, None)
+                if heap is None:
+                    wb.buffer.add(0, kb, encoded[kb])
+                    continue
+                if wb.levels:
+                    wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
+                raw = encoded.get(kb)
+                victims = heap.insert(kb, value, dirty=True,
+                                      size=len(raw) if raw is not None else None, ts=ts)
+                if victims:
+                    self._handle_victims(victims, encoded)
+            need_room = wb.needs_room()
+        if heap is None:
+            if self._levels:
+                self._wb.drain_all()
+        elif need_room:
+            self._wb.make_room()
+        else:
+            self._wb.ensure_writers()
+
+    def _handle_victims(self, victims: list[tuple[bytes, Any, bool]],
+                        encoded: Mapping[bytes, bytes] | None = None) -> None:
+        """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
+        heap_st = self._stats.levels["heap"]
+        for kb, value, dirty in victims:
+            self._handed.discard(kb)
+            digest = self._digests.pop(kb, None)
+            if not dirty:
+                if digest is None:
+                    heap_st.evictions["clean"] += 1
+                    continue
+                try:
+                    raw = self._codec.encode(value)
+                except SerializationError as exc:
+                    self._pin(kb, value, exc)
+                    continue
+                if _digest(raw) == digest:
+                    heap_st.evictions["clean"] += 1
+                    continue
+                self._stats.writeback["mutations_detected"] += 1
+            else:
+                raw = encoded.get(kb) if encoded else None
+                if raw is None:
+                    try:
+                        raw = self._codec.encode(value)
+                    except SerializationError as exc:
+                        self._pin(kb, value, exc)
+                        continue
+            heap_st.evictions["dirty"] += 1
+            if self._levels:
+                self._wb.enqueue(kb, raw)
+            else:
+                # Heap only: nowhere to write, so a victim leaves for good.
+                heap_st.evictions["dropped"] += 1
+
+    def _pin(self, kb: bytes, value: Any, exc: SerializationError) -> None:
+        assert self._heap is not None
+        self._heap.pin(kb, value, dirty=True)
+        key = self._describe_key(kb)
+        self._pin_errors[kb] = SerializationError(
+            f"cannot write back key {key!r}: value of type {type(value).__name__} is not "
+            f"serializable ({exc}); it stays in the heap until fixed or deleted",
+            key=key, value_type=type(value))
+        self._stats.levels["heap"].evictions["pinned"] += 1
+
+    def _describe_key(self, kb: bytes) -> Any:
+        try:
+            from .keys import split_key
+
+            return split_key(kb)[1]
+        except Exception:
+            return kb
+
+    def delete(self, key: Any) -> None:
+        """Remove ``key`` everywhere (a tombstone hides lower copies until flushed)."""
+        self._delete_kbs([self._kb(key)])
+
+    def delete_many(self, keys: Iterable[Any]) -> None:
+        self._delete_kbs([self._kb(key) for key in keys])
+
+    def _delete_kbs(self, kbs: list[bytes]) -> None:
+        with self._lock:
+            self._check_open()
+            for kb in kbs:
+                if self._heap is not None:
+                    self._heap.remove(kb)
+                self._digests.pop(kb, None)
+                self._handed.discard(kb)
+                self._pin_errors.pop(kb, None)
+                if self._levels:
+                    self._wb.delete(kb)
+        if self._heap is None and self._levels:
+            self._wb.drain_all()
+        else:
+            self._wb.ensure_writers()
+
+    # -- keys --------------------------------------------------------------------------------
+
+    def keys(self) -> Iterator[Any]:
+        return iter(self._keys_with_prefix(self._prefix))
+
+    def _keys_with_prefix(self, prefix: bytes) -> list[Any]:
+        wb = self._wb
+        with wb.io_lock:   # no entry is between two levels while we list
+            with self._lock:
+                self._check_open()
+                seen = {kb for kb in self._data if kb.startswith(prefix)}
+                for p in wb.buffer.pending:
+                    seen.update(kb for kb in p if kb.startswith(prefix))
+                dead = set(wb.tombstones)
+            for level in self._levels:
+                seen.update(level.scan(prefix))
+        n = len(prefix)
+        return [decode_key(kb[n:]) for kb in sorted(seen - dead)]
+
+    # -- flush / checkpoint / close ----------------------------------------------------------
+
+    def _stage_dirty(self, full_check: bool) -> None:
+        """Lock held: encode dirty and in-place-mutated entries into the eviction buffer."""
+        heap = self._heap
+        if heap is None or not self._levels:
+            return  # heap only: there is nowhere to write to
+        data, digests = heap.data, self._digests
+        has_levels = True
+        for kb in list(heap.dirty):
+            if kb in heap.pinned:
+                continue
+            value = data[kb]
+            try:
+                raw = self._codec.encode(value)
+            except SerializationError as exc:
+                self._pin_errors[kb] = SerializationError(
+                    f"cannot write back key {self._describe_key(kb)!r}: value of type "
+                    f"{type(value).__name__} is not serializable ({exc})",
+                    key=self._describe_key(kb), value_type=type(value))
+                continue
+            if not has_levels:
+                continue
+            self._wb.enqueue(kb, raw)
+            heap.dirty.discard(kb)
+            if self._track and type(value) not in _IMMUTABLE:
+                digests[kb] = _digest(raw)
+            self._stats.writeback["dirty_flushes"] += 1
+        if not self._track or not has_levels:
+            return
+        check = list(digests) if full_check else list(self._handed)
+        self._handed.clear()
+        for kb in check:
+            digest = digests.get(kb)
+            if digest is None or kb in heap.dirty or kb not in data:
+                continue
+            value = data[kb]
+            try:
+                raw = self._codec.encode(value)
+            except SerializationError as exc:
+                heap.dirty.add(kb)
+                self._pin_errors[kb] = SerializationError(
+                    f"cannot write back key {self._describe_key(kb)!r}: value of type "
+                    f"{type(value).__name__} is not serializable ({exc})",
+                    key=self._describe_key(kb), value_type=type(value))
+                continue
+            new = _digest(raw)
+            if new != digest:
+                digests[kb] = new
+                self._wb.enqueue(kb, raw)
+                self._stats.writeback["mutations_detected"] += 1
+        # Pinned victims that became encodable leave the heap now.
+        for kb in list(heap.pinned):
+            value = data[kb]
+            try:
+                raw = self._codec.encode(value)
+            except SerializationError:
+                continue
+            heap.unpin(kb)
+            self._pin_errors.pop(kb, None)
+            self._wb.enqueue(kb, raw)
+
+    def _raise_pinned(self) -> None:
+        with self._lock:
+            errors = list(self._pin_errors.values())
+        if errors:
+            raise errors[0]
+
+    def flush(self) -> None:
+        """Write every dirty heap entry (and every delete) to the next level, and wait."""
+        with self._lock:
+            self._check_open()
+            self._stage_dirty(full_check=False)
+        self._wb.drain_all()
+        self._raise_pinned()
+
+    def checkpoint(self, checkpoint_id: Any = None) -> None:
+        """Make everything durable on the last level (the store of record)."""
+        with self._lock:
+            self._check_open()
+            self._stage_dirty(full_check=True)
+        self._wb.drain_all()
+        self._raise_pinned()
+        self._wb.copy_down()
+        self.last_checkpoint_id = checkpoint_id
+        self._stats.writeback["checkpoints"] += 1
+
+    def close(self) -> None:
+        """Checkpoint and release every level. If the checkpoint fails, stay open."""
+        if self._closed:
+            return
+        prefetcher = self._prefetcher
+        if prefetcher is not None and hasattr(prefetcher, "close"):
+            prefetcher.close()
+            self._prefetcher = None
+        self.checkpoint()
+        with self._lock:
+            self._closed = True
+        self._wb.stop()
+        for level in self._levels:
+            level.close()
+        with self._lock:
+            self._data.clear()
+            if self._heap is not None:
+                self._heap.dirty.clear()
+            self._digests.clear()
+            self._handed.clear()
+
+    # -- prefetching hooks ---------------------------------------------------------------------
+
+    def hint(self, key: Any, ts: float) -> None:
+        """Say ``key`` will be needed at event time ``ts`` (policy told; prefetch if absent)."""
+        self._hint_kb(self._kb(key), ts)
+
+    def _hint_kb(self, kb: bytes, ts: float) -> None:
+        heap = self._heap
+        if heap is not None:
+            with self._lock:
+                if kb in self._data:
+                    heap.policy.hint(kb, ts)
+                    return
+        prefetcher = self._get_prefetcher()
+        if prefetcher is not None:
+            prefetcher.submit(kb, ts)
+        elif heap is not None:
+            with self._lock:
+                heap.policy.hint(kb, ts)
+
+    def _get_prefetcher(self) -> Any:
+        if not self.config.prefetch.enabled or self._prefetch_absent or self._closed:
+            return None
+        pid = os.getpid()
+        if self._prefetcher is not None and self._prefetcher_pid == pid:
+            return self._prefetcher
+        with self._lock:
+            if self._prefetcher is None or self._prefetcher_pid != pid:
+                try:
+                    module = importlib.import_module("mlcache.prefetch")
+                except ModuleNotFoundError as exc:
+                    if exc.name != "mlcache.prefetch":
+                        raise
+                    self._prefetch_absent = True
+                    return None
+                self._prefetcher = module.Prefetcher(self)
+                self._prefetcher_pid = pid
+            return self._prefetcher
+
+    # -- namespaces and structures ------------------------------------------------------------
+
+    def namespace(self, name: str) -> "Namespace":
+        if not isinstance(name, str) or not name or "\x1f" in name:
+            raise ConfigError("namespace", f"must be a non-empty string, got {name!r}")
+        with self._lock:
+            ns = self._namespaces.get(name)
+            if ns is None:
+                ns = self._namespaces[name] = Namespace(self, name)
+            return ns
+
+    def structure(self, kind: str, name: str, **kw: Any) -> Any:
+        """The cacheable structure ``name`` of ``kind`` (created on first use, then reused)."""
+        if kind not in _STRUCTURES:
+            importlib.import_module("mlcache.structures")
+        factory = _STRUCTURES.get(kind)
+        if factory is None:
+            raise ConfigError("structure", f"unknown structure kind {kind!r}; "
+                                           f"registered: {sorted(_STRUCTURES)}")
+        with self._lock:
+            obj = self._structures.get((kind, name))
+            if obj is None:
+                obj = self._structures[(kind, name)] = factory(self, name, **kw)
+            return obj
+
+    def dict(self, name: str, **kw: Any) -> Any:
+        return self.structure("dict", name, **kw)
+
+    def list(self, name: str, **kw: Any) -> Any:
+        return self.structure("list", name, **kw)
+
+    def set(self, name: str, **kw: Any) -> Any:
+        return self.structure("set", name, **kw)
+
+    def quadtree(self, name: str, bounds: Any, **kw: Any) -> Any:
+        return self.structure("quadtree", name, bounds=bounds, **kw)
+
+    # -- stats ---------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            heap_extra: dict[str, Any] = {"hits": self._hits}
+            if self._heap is not None:
+                heap_extra.update(entries=len(self._heap), dirty=len(self._heap.dirty),
+                                  pinned=len(self._heap.pinned),
+                                  policy=self._heap.policy.name)
+                if self._heap.by_bytes:
+                    heap_extra["bytes"] = self._heap.tracked_weight
+            h = self._stats.levels["heap"]
+            total = self._hits + h.misses
+            heap_extra["hit_ratio"] = self._hits / total if total else None
+            wb = {"pending": len(self._wb.buffer), "tombstones": len(self._wb.tombstones),
+                  "last_error": repr(self._wb.error) if self._wb.error else None}
+            prefetch: dict[str, Any] = {}
+            pf = self._prefetcher
+            if pf is not None and callable(getattr(pf, "stats", None)):
+                prefetch = dict(pf.stats())
+            snap = self._stats.snapshot({"heap": heap_extra}, wb, prefetch)
+        for name, level in zip(self._level_names, self._levels):
+            try:
+                snap["levels"][name]["used_bytes"] = level.used_bytes()
+            except Exception:
+                snap["levels"][name]["used_bytes"] = None
+        return snap
+
+
+class Namespace(_KeyView):
+    """A view of a manager with its own key space; same API, shared levels and heap."""
+
+    def __init__(self, manager: CacheManager, name: str) -> None:
+        super().__init__(namespace_prefix(f"{manager.config.namespace}/{name}"))
+        self.manager = manager
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Namespace({self.name!r})"
+
+    def __contains__(self, key: Any) -> bool:
+        return self.contains(key)
+
+    @property
+    def config(self) -> CacheConfig:
+        return self.manager.config
+
+    def get(self, key: Any, default: Any = None, *, ts: float | None = None) -> Any:
+        return self.manager._get_kb(self._kb(key), default, ts)
+
+    def contains(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
+        pairs = [(key, self._kb(key)) for key in keys]
+        found = self.manager._load_into_heap([kb for _, kb in pairs], ts)
+        return {key: found[kb] for key, kb in pairs if kb in found}
+
+    def put(self, key: Any, value: Any, *, ts: float | None = None) -> None:
+        self.manager._put_items([(key, self._kb(key), value)], ts)
+
+    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        self.manager._put_items([(key, self._kb(key), value) for key, value in pairs], None)
+
+    def delete(self, key: Any) -> None:
+        self.manager._delete_kbs([self._kb(key)])
+
+    def delete_many(self, keys: Iterable[Any]) -> None:
+        self.manager._delete_kbs([self._kb(key) for key in keys])
+
+    def keys(self) -> Iterator[Any]:
+        return iter(self.manager._keys_with_prefix(self._prefix))
+
+    def hint(self, key: Any, ts: float) -> None:
+        self.manager._hint_kb(self._kb(key), ts)
+
+    def flush(self) -> None:
+        self.manager.flush()
+
+    def checkpoint(self, checkpoint_id: Any = None) -> None:
+        self.manager.checkpoint(checkpoint_id)
+
+    def stats(self) -> dict[str, Any]:
+        return self.manager.stats()
+
+    # hooks for mlcache.prefetch, so a Namespace can stand in for its manager
+    def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
+                        prefetch: bool = False) -> dict[bytes, Any]:
+        return self.manager._load_into_heap(keys_bytes, ts, prefetch=prefetch)
+
+    def _resident(self, key_bytes: bytes) -> bool:
+        return self.manager._resident(key_bytes)
+
+    def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
+        self.manager._policy_hint(key_bytes, ts)

@@ -1,0 +1,304 @@
+"""Write-back: the eviction buffer, tombstones, writer threads, flush and checkpoint.
+
+Entries flow down only. A dirty heap victim is encoded by the thread that evicted it and put in
+the :class:`EvictionBuffer`, one ordered dict per destination level (``pending[0]`` feeds the
+first byte level). Writer threads drain it in batches: one ``put_many`` per level per batch.
+When a byte level overflows it returns its own victims, which the same batch writes to the level
+below before it finishes, so an entry is never in no place. The last level is the store of
+record and refuses to drop (``may_evict = False``) unless it is lossy.
+
+Ordering rules that keep reads exact:
+
+* All writes to the byte levels happen under one I/O lock, in the order batches were taken,
+  so two versions of one key can never be written out of order.
+* ``wseq`` is odd while a batch is being written. A reader that reads the levels without the
+  I/O lock checks afterwards that ``wseq`` did not move; if it did (an entry may have been in
+  transit between two levels), it reads again holding the I/O lock. Misses never wait for a
+  write unless they overlap one.
+* A delete leaves a tombstone: reads see a miss at once, and the tombstone is removed only after
+  every level has deleted the key. A later put of the key drops the tombstone (the heap copy is
+  newer than anything below, and it reaches every level before its older copies could be seen).
+* ``newer[i]`` holds the keys byte level ``i`` holds newer than level ``i + 1``; checkpoint copies
+  them down level by level, so the store of record ends up with everything.
+
+Failures (Redis down, a full store of record) never lose an entry: a failed batch goes back to
+the buffer of the level it was meant for, the writer backs off and retries, and the error is
+raised to the next ``flush``/``checkpoint``, or to a ``put`` that needs room in a full buffer.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from .errors import CacheError, LevelUnavailableError
+from .stats import Stats
+
+__all__ = ["EvictionBuffer", "WriteBack"]
+
+_MAX_BACKOFF = 2.0
+_LINGER = 0.005  # a writer waits this long for a batch to fill before writing a small one
+
+
+class EvictionBuffer:
+    """Encoded entries on their way down, one ordered dict per destination level."""
+
+    def __init__(self, levels: int) -> None:
+        self.pending: list[dict[bytes, bytes]] = [{} for _ in range(levels)]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.pending)
+
+    def add(self, index: int, key: bytes, data: bytes) -> None:
+        p = self.pending[index]
+        p.pop(key, None)  # re-adding moves the key to the back of the queue
+        p[key] = data
+
+    def discard(self, key: bytes) -> None:
+        for p in self.pending:
+            p.pop(key, None)
+
+    def take(self, index: int, n: int) -> list[tuple[bytes, bytes]]:
+        p = self.pending[index]
+        out = []
+        for key in list(p)[:n]:
+            out.append((key, p.pop(key)))
+        return out
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, CacheError):
+        return exc.retryable
+    return isinstance(exc, (OSError, ConnectionError, TimeoutError))
+
+
+class WriteBack:
+    """Moves encoded entries down the byte levels; shares the manager's lock for its state."""
+
+    def __init__(self, levels: Sequence[Any], names: Sequence[str], lock: Any, stats: Stats,
+                 *, batch_size: int, buffer_max: int, retry_attempts: int, retry_backoff: float,
+                 writer_threads: int) -> None:
+        self.levels = list(levels)
+        self.names = list(names)
+        self.lock = lock                    # the manager's lock: buffer, tombstones, wseq
+        self.io_lock = threading.Lock()     # serialises every write to the byte levels
+        self.stats = stats
+        self.batch_size = batch_size
+        self.buffer_max = buffer_max
+        self.retry_attempts = retry_attempts
+        self.retry_backoff = retry_backoff
+        self.writer_threads = writer_threads if self.levels else 0
+        self.buffer = EvictionBuffer(len(self.levels))
+        self.tombstones: set[bytes] = set()
+        self.newer: list[set[bytes]] = [set() for _ in self.levels]  # guarded by io_lock
+        self.wseq = 0
+        self.error: BaseException | None = None  # the last background failure, if unresolved
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._pid = 0
+
+    # -- called with the manager lock held -------------------------------------------------
+
+    def enqueue(self, key: bytes, data: bytes) -> None:
+        self.buffer.add(0, key, data)
+        self.stats.writeback["dirty_evictions"] += 1
+        self._wake.set()
+
+    def delete(self, key: bytes) -> None:
+        self.buffer.discard(key)
+        self.tombstones.add(key)
+        self._wake.set()
+
+    def needs_room(self) -> bool:
+        return len(self.buffer) > self.buffer_max
+
+    def pending_lookup(self, key: bytes) -> bytes | None:
+        return self.buffer.pending[0].get(key) if self.levels else None
+
+    # -- writer threads --------------------------------------------------------------------
+
+    def ensure_writers(self) -> None:
+        """Start the writer threads in this process (again after a fork)."""
+        if self._pid == os.getpid() or not self.writer_threads or self._stop.is_set():
+            return
+        self._pid = os.getpid()
+        self._threads = []
+        for i in range(self.writer_threads):
+            t = threading.Thread(target=self._writer_loop, name=f"mlcache-writer-{i}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _work_waiting(self) -> bool:
+        return bool(len(self.buffer) or self.tombstones)
+
+    def _writer_loop(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            if self._stop.is_set():
+                break
+            self._wake.clear()
+            if len(self.buffer.pending[0]) < self.batch_size:
+                self._stop.wait(_LINGER)
+            while self._work_waiting() and not self._stop.is_set():
+                try:
+                    if len(self.buffer):
+                        self.drain_once()
+                    else:
+                        self.flush_tombstones()
+                    attempt = 0
+                    self.error = None
+                except Exception as exc:  # kept and surfaced to the next flush/put
+                    self.error = exc
+                    self.stats.writeback["writer_errors"] += 1
+                    attempt += 1
+                    self._stop.wait(min(_MAX_BACKOFF, self.retry_backoff * (2 ** min(attempt, 6))))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=10)
+        self._threads = []
+
+    # -- draining ----------------------------------------------------------------------------
+
+    def drain_once(self) -> int:
+        """Write one batch (deepest destination first); return how many entries it took."""
+        with self.io_lock:
+            with self.lock:
+                index = next((i for i in range(len(self.levels) - 1, -1, -1)
+                              if self.buffer.pending[i]), None)
+                if index is None:
+                    return 0
+                items = self.buffer.take(index, self.batch_size)
+                self.wseq += 1
+            try:
+                self._write(index, items)
+            finally:
+                with self.lock:
+                    self.wseq += 1
+            return len(items)
+
+    def _write(self, index: int, items: list[tuple[bytes, bytes]]) -> None:
+        """Put ``items`` into level ``index`` and cascade its victims down; io_lock held.
+
+        On failure the entries that had not reached a level go back to that level's buffer.
+        """
+        last = len(self.levels) - 1
+        carry = items
+        i = index
+        while carry and i <= last:
+            level = self.levels[i]
+            st = self.stats.levels[self.names[i]]
+            try:
+                victims = level.put_many(carry)
+            except Exception:
+                self._requeue(i, carry)
+                raise
+            st.writes += 1
+            st.keys_written += len(carry)
+            st.bytes_written += sum(len(v) for _, v in carry)
+            if i < last:
+                self.newer[i].update(k for k, _ in carry)
+            if victims:
+                st.evictions["overflow"] += len(victims)
+                if i < last:
+                    self.newer[i].difference_update(k for k, _ in victims)
+                elif level.lossy:
+                    st.evictions["dropped"] += len(victims)
+            carry = list(victims or ())
+            i += 1
+
+    def _requeue(self, index: int, items: list[tuple[bytes, bytes]]) -> None:
+        with self.lock:
+            p = self.buffer.pending[index]
+            for key, data in items:
+                # A newer copy queued meanwhile wins; a deleted key stays deleted.
+                if key not in p and key not in self.tombstones:
+                    p[key] = data
+            self.stats.writeback["requeued"] += len(items)
+
+    def flush_tombstones(self) -> None:
+        with self.io_lock:
+            with self.lock:
+                if not self.tombstones:
+                    return
+                keys = sorted(self.tombstones)
+                self.wseq += 1
+            try:
+                for i, level in enumerate(self.levels):
+                    level.delete_many(keys)
+                    self.stats.levels[self.names[i]].deletes += len(keys)
+                with self.lock:
+                    self.tombstones.difference_update(keys)
+                    for newer in self.newer:
+                        newer.difference_update(keys)
+                    self.stats.writeback["tombstones_flushed"] += len(keys)
+            finally:
+                with self.lock:
+                    self.wseq += 1
+
+    def _with_retries(self, step: Callable[[], Any]) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                attempt += 1
+                self.stats.writeback["retries"] += 1
+                if not _retryable(exc) or attempt >= self.retry_attempts:
+                    raise
+                time.sleep(min(_MAX_BACKOFF, self.retry_backoff * (2 ** (attempt - 1))))
+
+    def drain_all(self) -> None:
+        """Write everything buffered and every tombstone; raise if a level stays unavailable."""
+        while len(self.buffer):
+            self._with_retries(self.drain_once)
+        self._with_retries(self.flush_tombstones)
+        self.error = None
+
+    def make_room(self) -> None:
+        """Called by a put after the buffer outgrew ``buffer_max``: write until it fits."""
+        while len(self.buffer) > self.buffer_max:
+            try:
+                self._with_retries(self.drain_once)
+            except Exception as exc:
+                if isinstance(exc, CacheError):
+                    raise
+                raise LevelUnavailableError(f"write-back failed: {exc}") from exc
+
+    def copy_down(self) -> None:
+        """Checkpoint step: copy what each byte level holds newer than the next one down."""
+        last = len(self.levels) - 1
+        for i in range(last):
+            def step(i: int = i) -> None:
+                with self.io_lock:
+                    keys = sorted(self.newer[i])
+                    if not keys:
+                        return
+                    with self.lock:
+                        self.wseq += 1
+                    try:
+                        values = self.levels[i].get_many(keys)
+                        items = [(k, v) for k, v in zip(keys, values) if v is not None]
+                        self.newer[i].difference_update(keys)
+                        try:
+                            self._write(i + 1, items)
+                        except Exception:
+                            # The copy is still on level i; remember it is newer there.
+                            self.newer[i].update(k for k, _ in items)
+                            raise
+                        self.stats.writeback["checkpoint_copies"] += len(items)
+                    finally:
+                        with self.lock:
+                            self.wseq += 1
+            self._with_retries(step)
+        for level in self.levels:
+            sync = getattr(level, "sync", None)
+            if sync is not None:
+                sync()
