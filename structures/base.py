@@ -1,0 +1,226 @@
+"""The common ground of every cacheable structure: identity, storage, metadata and nesting.
+
+A structure is a thin Python object over manager entries. It owns a *namespace* of the manager
+(``manager.namespace("<kind>:<name>")``) that holds its contents, one entry per dict key, per
+set element, per list chunk or per quadtree node, and one *metadata* entry in the shared
+``mlcache.structures`` namespace, keyed by ``(kind, name)``, that holds what a reopen needs:
+the length, the chunk layout, the bounds. Opening a structure by a name that already has a
+metadata entry reopens it, so after ``close()`` (or a restart over a durable last level) the
+same call finds the same contents.
+
+The metadata is kept in the object and written through on every change (``put`` of a
+heap-resident entry is cheap); it is never recomputed by scanning. Because two Python objects
+for the same structure would each hold their own copy, the objects are deduplicated per
+manager: ``manager.dict("x") is manager.dict("x")`` while the first one is alive.
+
+Nesting. A value that is itself a structure is stored as a small reference,
+``("\\x00mlcache.structure", kind, name)``, a plain tuple so that it encodes with msgpack even
+with ``allow_pickle=False``; reading the entry resolves it back to the live structure. A class
+instance was the obvious alternative but would force the pickle fallback on every such entry.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+from typing import Any, ClassVar, TypeVar
+
+__all__ = ["Cacheable", "StructureRef", "META_NAMESPACE", "open_structure"]
+
+META_NAMESPACE = "mlcache.structures"
+_REF_TAG = "\x00mlcache.structure"
+_MISSING: Any = object()
+
+S = TypeVar("S", bound="Cacheable")
+
+# manager -> {(kind, name): live structure}; weak on both sides so neither keeps the other.
+_LIVE: "weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary]" = weakref.WeakKeyDictionary()
+_LIVE_LOCK = threading.RLock()
+
+
+class StructureRef:
+    """A reference to a structure found inside a plain container value (e.g. a list of
+    structures pickled as one entry); ``ref.open(manager)`` returns the structure."""
+
+    __slots__ = ("kind", "name")
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+
+    def open(self, manager: Any) -> "Cacheable":
+        return open_structure(manager, self.kind, self.name)
+
+    def __reduce__(self) -> tuple:
+        return (StructureRef, (self.kind, self.name))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, StructureRef) and self.kind == other.kind
+                and self.name == other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.name))
+
+    def __repr__(self) -> str:
+        return f"StructureRef({self.kind!r}, {self.name!r})"
+
+
+def open_structure(manager: Any, kind: str, name: str, **options: Any) -> "Cacheable":
+    """Return the structure ``kind``/``name`` of ``manager``: the live object if there is
+    one, else the registered factory's (for kinds registered by other modules, e.g. windows)."""
+    with _LIVE_LOCK:
+        live = _LIVE.get(manager)
+        if live is not None:
+            obj = live.get((kind, name))
+            if obj is not None:
+                return obj
+    return manager.structure(kind, name, **options)
+
+
+def _check_name(name: Any) -> str:
+    if name is None:
+        return uuid.uuid4().hex
+    if not isinstance(name, str) or not name or "\x1f" in name:
+        raise ValueError(f"a structure name must be a non-empty string without \\x1f, got {name!r}")
+    return name
+
+
+class Cacheable:
+    """Base of the cacheable structures.
+
+    Subclasses set ``kind``, implement ``_new_meta(**options)`` (the metadata of a new,
+    empty structure) and may override ``_check_meta(meta, **options)`` to reject a reopen
+    with incompatible options. Contents live in ``self._ns``; ``self._meta`` is a dict
+    written back with :meth:`_save_meta` after every change.
+    """
+
+    kind: ClassVar[str] = ""
+    __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "__weakref__")
+
+    def __init__(self, manager: Any, name: str | None = None, **options: Any) -> None:
+        raise TypeError(f"open a {type(self).__name__} with manager.{self.kind}(name) or "
+                        f"{type(self).__name__}.open(manager, name)")
+
+    # -- identity ----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls: type[S], manager: Any, name: str | None = None, **options: Any) -> S:
+        """Create the structure ``name`` in ``manager``, or reopen it if it exists.
+
+        ``name=None`` creates an anonymous structure with a fresh unique name (useful for
+        values nested in another structure)."""
+        name = _check_name(name)
+        key = (cls.kind, name)
+        with _LIVE_LOCK:
+            live = _LIVE.get(manager)
+            if live is None:
+                live = weakref.WeakValueDictionary()
+                _LIVE[manager] = live
+            obj = live.get(key)
+            if obj is not None:
+                if not isinstance(obj, cls):
+                    raise TypeError(f"{name!r} is open as a {type(obj).__name__}")
+                obj._check_meta(obj._meta, **options)
+                return obj
+            metans = manager.namespace(META_NAMESPACE)
+            meta = metans.get(key)
+            obj = object.__new__(cls)
+            obj._manager = manager
+            obj._name = name
+            obj._metans = metans
+            obj._ns = manager.namespace(f"{cls.kind}:{name}")
+            if meta is None:
+                meta = obj._new_meta(**options)
+                meta["kind"] = cls.kind
+                obj._meta = meta
+                obj._save_meta()
+            else:
+                meta = dict(meta)
+                obj._check_meta(meta, **options)
+                obj._meta = meta
+            live[key] = obj
+            return obj
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def uid(self) -> str:
+        """Stable, unique within a manager's namespace, the same after a restart."""
+        return f"{self.kind}:{self._name}"
+
+    @property
+    def manager(self) -> Any:
+        return self._manager
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def _new_meta(self, **options: Any) -> dict[str, Any]:
+        if options:
+            raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
+        return {"len": 0}
+
+    def _check_meta(self, meta: dict[str, Any], **options: Any) -> None:
+        if meta.get("kind", self.kind) != self.kind:
+            raise TypeError(f"{self._name!r} is a {meta.get('kind')}, not a {self.kind}")
+
+    def _save_meta(self) -> None:
+        self._metans.put((self.kind, self._name), self._meta)
+
+    def _add_len(self, delta: int) -> None:
+        if delta:
+            self._meta["len"] += delta
+            self._save_meta()
+
+    # -- nesting -----------------------------------------------------------------------------
+
+    def _store(self, value: Any) -> Any:
+        """The form of ``value`` kept in an entry: a reference for a structure."""
+        if isinstance(value, Cacheable):
+            if value._manager is not self._manager:
+                raise ValueError(f"{value!r} belongs to another CacheManager; a structure can "
+                                 "only hold structures of its own manager")
+            return (_REF_TAG, value.kind, value._name)
+        return value
+
+    def _load(self, value: Any) -> Any:
+        """Inverse of :meth:`_store`: resolve a stored reference to the live structure."""
+        if type(value) is tuple and len(value) == 3 and value[0] == _REF_TAG:
+            return open_structure(self._manager, value[1], value[2])
+        return value
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def drop(self) -> None:
+        """Delete the contents and the metadata, freeing the storage. The object stays usable
+        as an empty structure with the same options; its metadata is written again on the
+        next change. Structures nested in this one are not dropped (they may be referenced
+        elsewhere)."""
+        keys = list(self._ns.keys())
+        if keys:
+            self._ns.delete_many(keys)
+        self._metans.delete((self.kind, self._name))
+        self._meta = self._empty_meta()
+
+    def _empty_meta(self) -> dict[str, Any]:
+        """The in-memory metadata of this structure emptied (options kept)."""
+        return {**self._meta, "len": 0}
+
+    def flush(self) -> None:
+        """Write this structure's dirty entries to the next level (the manager's flush)."""
+        self._manager.flush()
+
+    def __reduce__(self) -> tuple:
+        # Inside a plain container value a structure travels as a reference, never by copy.
+        return (StructureRef, (self.kind, self._name))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like list/dict/set
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name!r} len={self._meta.get('len', 0)}>"
+
+
+def structures(manager: Any) -> list[tuple[str, str]]:
+    """The ``(kind, name)`` of every structure that has metadata in ``manager``."""
+    return sorted(manager.namespace(META_NAMESPACE).keys())

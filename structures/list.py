@@ -1,0 +1,439 @@
+"""CacheableList: a ``MutableSequence`` stored as fixed-size chunks, one entry per chunk.
+
+Layout. Element ``i`` sits at the *physical* position ``p = head + i``, in chunk ``p // C`` at
+offset ``p % C`` (``C`` = ``chunk_size``, fixed when the list is created). ``head`` moves: a
+``pop(0)`` advances it and deletes a chunk only when it empties, an ``insert(0, x)`` moves it
+back (chunk ids may go negative), so the list is also a cheap deque for queues, rather than
+shifting every chunk by one as a plain list does. A chunk entry is a Python list; slots before
+``head`` in the first chunk hold ``None``, the last chunk is only as long as it needs to be.
+``append``/``extend`` write the tail chunk in place (get, mutate, put back).
+
+Everything else that moves elements (insert or delete in the middle, slice assignment, sort,
+reverse) reads the affected part, changes it as a plain list would, and writes it back with
+one batched ``get_many``/``put_many``; an insert or delete in the front half shifts the front
+part instead of the tail. Errors are exactly list's (``IndexError('list index out of range')``
+and friends).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, MutableSequence
+from typing import Any, SupportsIndex
+
+from .base import Cacheable
+
+__all__ = ["CacheableList", "DEFAULT_CHUNK_SIZE"]
+
+DEFAULT_CHUNK_SIZE = 256
+_BATCH_CHUNKS = 32
+
+
+class CacheableList(Cacheable, MutableSequence):
+    """A list whose chunks live in the cache levels. Open with ``manager.list(name)``."""
+
+    kind = "list"
+    __slots__ = ()
+
+    def _new_meta(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, Any]:  # type: ignore[override]
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        return {"len": 0, "head": 0, "chunk": chunk_size}
+
+    def _check_meta(self, meta: dict[str, Any], chunk_size: int | None = None) -> None:  # type: ignore[override]
+        super()._check_meta(meta)
+
+    def _empty_meta(self) -> dict[str, Any]:
+        return {**self._meta, "len": 0, "head": 0}
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self._meta["chunk"])
+
+    # -- chunk plumbing ----------------------------------------------------------------------
+
+    def _span(self) -> range:
+        """Ids of the chunks that exist now."""
+        n, head, c = self._meta["len"], self._meta["head"], self._meta["chunk"]
+        if n == 0:
+            return range(0)
+        return range(head // c, (head + n - 1) // c + 1)
+
+    def _read(self, start: int, stop: int) -> list[Any]:
+        """Elements ``start <= i < stop`` (already normalised, start <= stop)."""
+        if start >= stop:
+            return []
+        head, c = self._meta["head"], self._meta["chunk"]
+        p0, p1 = head + start, head + stop          # physical [p0, p1)
+        out: list[Any] = []
+        first, last = p0 // c, (p1 - 1) // c
+        for batch0 in range(first, last + 1, _BATCH_CHUNKS):
+            ids = list(range(batch0, min(batch0 + _BATCH_CHUNKS, last + 1)))
+            found = self._ns.get_many(ids)
+            for cid in ids:
+                chunk = found[cid]
+                lo = max(p0, cid * c) - cid * c
+                hi = min(p1, cid * c + c) - cid * c
+                out.extend(chunk[lo:hi])
+        return out
+
+    def _write(self, p0: int, items: list[Any]) -> None:
+        """Write ``items`` at physical positions ``p0, p0+1, ...`` (no length change here)."""
+        if not items:
+            return
+        c = self._meta["chunk"]
+        p1 = p0 + len(items)
+        first, last = p0 // c, (p1 - 1) // c
+        existing = self._span()
+        need = [cid for cid in {first, last} if cid in existing]
+        found = self._ns.get_many(need) if need else {}
+        out = []
+        for cid in range(first, last + 1):
+            base = cid * c
+            lo, hi = max(p0, base) - base, min(p1, base + c) - base
+            part = items[max(p0, base) - p0:min(p1, base + c) - p0]
+            if lo == 0 and cid not in found:
+                chunk = part
+            else:
+                chunk = list(found.get(cid, ()))
+                if len(chunk) < lo:
+                    chunk.extend([None] * (lo - len(chunk)))
+                chunk[lo:hi] = part
+            out.append((cid, chunk))
+        self._ns.put_many(out)
+
+    def _truncate(self, n: int) -> None:
+        """Keep the first ``n`` elements; drop the rest and the chunks they leave empty."""
+        old = self._span()
+        head, c = self._meta["head"], self._meta["chunk"]
+        if n == 0:
+            if len(old):
+                self._ns.delete_many(list(old))
+            self._meta["head"] = 0
+        else:
+            last = (head + n - 1) // c
+            dead = [cid for cid in old if cid > last]
+            if dead:
+                self._ns.delete_many(dead)
+            chunk = self._ns.get(last)
+            keep = head + n - last * c
+            if len(chunk) > keep:
+                del chunk[keep:]
+                self._ns.put(last, chunk)
+        self._meta["len"] = n
+        self._save_meta()
+
+    def _replace_from(self, start: int, items: list[Any]) -> None:
+        """The list becomes ``self[:start] + items``."""
+        n = self._meta["len"]
+        new_len = start + len(items)
+        self._write(self._meta["head"] + start, items)
+        if new_len < n:
+            self._truncate(new_len)
+        else:
+            self._meta["len"] = new_len
+            self._save_meta()
+
+    def _popleft(self) -> Any:
+        head, c = self._meta["head"], self._meta["chunk"]
+        cid, off = divmod(head, c)
+        chunk = self._ns.get(cid)
+        value = chunk[off]
+        self._meta["len"] -= 1
+        if self._meta["len"] == 0:
+            self._ns.delete(cid)
+            self._meta["head"] = 0
+        else:
+            self._meta["head"] = head + 1
+            if off == c - 1:
+                self._ns.delete(cid)
+            else:
+                chunk[off] = None
+                self._ns.put(cid, chunk)
+        self._save_meta()
+        return value
+
+    def _advance_head(self, k: int) -> None:
+        """Forget the first ``k`` elements (``0 < k < len``) by moving ``head``."""
+        head, c = self._meta["head"], self._meta["chunk"]
+        new_head = head + k
+        dead = list(range(head // c, new_head // c))
+        if dead:
+            self._ns.delete_many(dead)
+        cid, off = divmod(new_head, c)
+        if off:
+            chunk = self._ns.get(cid)
+            lo = max(head, cid * c) - cid * c
+            chunk[lo:off] = [None] * (off - lo)
+            self._ns.put(cid, chunk)
+        self._meta["head"] = new_head
+        self._meta["len"] -= k
+        self._save_meta()
+
+    def _index(self, i: Any, message: str) -> int:
+        n = self._meta["len"]
+        i = i.__index__() if not isinstance(i, int) else i
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(message)
+        return i
+
+    # -- MutableSequence ---------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self._meta["len"])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._meta["len"])
+            if step == 1:
+                return [self._load(v) for v in self._read(start, max(start, stop))]
+            idx = range(start, stop, step)
+            if not idx:
+                return []
+            lo, hi = min(idx), max(idx)
+            span = self._read(lo, hi + 1)
+            return [self._load(span[j - lo]) for j in idx]
+        if not hasattr(i, "__index__"):
+            raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}")
+        i = self._index(i, "list index out of range")
+        cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
+        return self._load(self._ns.get(cid)[off])
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        if isinstance(i, slice):
+            self._set_slice(i, value)
+            return
+        if not hasattr(i, "__index__"):
+            raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}")
+        i = self._index(i, "list assignment index out of range")
+        cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
+        chunk = self._ns.get(cid)
+        chunk[off] = self._store(value)
+        self._ns.put(cid, chunk)
+
+    def _set_slice(self, s: slice, values: Any) -> None:
+        n = self._meta["len"]
+        if not isinstance(values, Iterable):
+            raise TypeError("can only assign an iterable" if s.step in (None, 1)
+                            else "must assign iterable to extended slice")
+        new = [self._store(v) for v in values]
+        start, stop, step = s.indices(n)
+        if step == 1:
+            stop = max(start, stop)
+            tail = self._read(stop, n)
+            self._replace_from(start, new + tail)
+            return
+        idx = range(start, stop, step)
+        if len(new) != len(idx):
+            raise ValueError(f"attempt to assign sequence of size {len(new)} "
+                             f"to extended slice of size {len(idx)}")
+        if not idx:
+            return
+        lo, hi = min(idx), max(idx)
+        span = self._read(lo, hi + 1)
+        for j, v in zip(idx, new):
+            span[j - lo] = v
+        self._write(self._meta["head"] + lo, span)
+
+    def __delitem__(self, i: Any) -> None:
+        n = self._meta["len"]
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            idx = range(start, stop, step)
+            if not idx:
+                return
+            if step == 1 or step == -1:
+                lo, hi = min(idx), max(idx) + 1
+                self._delete_run(lo, hi)
+                return
+            lo = min(idx)
+            gone = set(idx)
+            kept = [v for j, v in enumerate(self._read(lo, n), lo) if j not in gone]
+            self._replace_from(lo, kept)
+            return
+        if not hasattr(i, "__index__"):
+            raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}")
+        i = self._index(i, "list assignment index out of range")
+        self._delete_run(i, i + 1)
+
+    def _delete_run(self, lo: int, hi: int) -> None:
+        """Delete elements ``lo <= i < hi``, shifting whichever side is shorter."""
+        n = self._meta["len"]
+        k = hi - lo
+        if hi == n:
+            self._truncate(lo)
+        elif lo < n - hi:
+            self._write(self._meta["head"] + k, self._read(0, lo))
+            self._advance_head(k)
+        else:
+            self._replace_from(lo, self._read(hi, n))
+
+    def insert(self, i: SupportsIndex, value: Any) -> None:
+        n = self._meta["len"]
+        i = i.__index__()
+        if i < 0:
+            i = max(0, i + n)
+        i = min(i, n)
+        stored = self._store(value)
+        if i == n:
+            self._write(self._meta["head"] + n, [stored])
+            self._add_len(1)
+        elif i < n - i:
+            front = self._read(0, i)
+            self._meta["head"] -= 1
+            self._meta["len"] += 1
+            self._write(self._meta["head"], front + [stored])
+            self._save_meta()
+        else:
+            self._replace_from(i, [stored] + self._read(i, n))
+
+    def append(self, value: Any) -> None:
+        head, n, c = self._meta["head"], self._meta["len"], self._meta["chunk"]
+        cid, off = divmod(head + n, c)
+        chunk = self._ns.get(cid) if off else None
+        if chunk is None:
+            chunk = [None] * off if off else []
+        chunk.append(self._store(value))
+        self._ns.put(cid, chunk)
+        self._add_len(1)
+
+    def extend(self, values: Iterable[Any]) -> None:
+        items = [self._store(v) for v in values]
+        if items:
+            self._write(self._meta["head"] + self._meta["len"], items)
+            self._add_len(len(items))
+
+    def appendleft(self, value: Any) -> None:
+        """``insert(0, value)``: O(1), moves ``head`` back."""
+        self.insert(0, value)
+
+    def pop(self, i: SupportsIndex = -1) -> Any:
+        n = self._meta["len"]
+        if n == 0:
+            raise IndexError("pop from empty list")
+        j = self._index(i, "pop index out of range")
+        if j == 0:
+            return self._load(self._popleft())
+        value = self[j]
+        self._delete_run(j, j + 1)
+        return value
+
+    def popleft(self) -> Any:
+        """``pop(0)`` without shifting: advances ``head``; O(1)."""
+        if self._meta["len"] == 0:
+            raise IndexError("pop from empty list")
+        return self._load(self._popleft())
+
+    def clear(self) -> None:
+        self._truncate(0)
+
+    def __iter__(self) -> Iterator[Any]:
+        n, step = self._meta["len"], self._meta["chunk"] * _BATCH_CHUNKS
+        for start in range(0, n, step):
+            for v in self._read(start, min(n, start + step, self._meta["len"])):
+                yield self._load(v)
+
+    def __reversed__(self) -> Iterator[Any]:
+        n, step = self._meta["len"], self._meta["chunk"] * _BATCH_CHUNKS
+        for stop in range(n, 0, -step):
+            for v in reversed(self._read(max(0, stop - step), min(stop, self._meta["len"]))):
+                yield self._load(v)
+
+    def __contains__(self, value: object) -> bool:
+        return any(v is value or v == value for v in self)
+
+    def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex | None = None) -> int:
+        n = self._meta["len"]
+        lo, hi, _ = slice(start, stop).indices(n)
+        for j, v in enumerate(self[lo:hi], lo):
+            if v is value or v == value:
+                return j
+        raise ValueError(f"{value!r} is not in list")
+
+    def count(self, value: Any) -> int:
+        return sum(1 for v in self if v is value or v == value)
+
+    def remove(self, value: Any) -> None:
+        for j, v in enumerate(self):
+            if v is value or v == value:
+                del self[j]
+                return
+        raise ValueError("list.remove(x): x not in list")
+
+    def reverse(self) -> None:
+        items = self._read(0, self._meta["len"])
+        items.reverse()
+        self._write(self._meta["head"], items)
+
+    def sort(self, *, key: Any = None, reverse: bool = False) -> None:
+        items = self.copy()
+        items.sort(key=key, reverse=reverse)
+        self._write(self._meta["head"], [self._store(v) for v in items])
+
+    def copy(self) -> list[Any]:
+        """A plain ``list`` with the current elements."""
+        return [self._load(v) for v in self._read(0, self._meta["len"])]
+
+    # -- list-like comparisons and operators -------------------------------------------------
+
+    def _other(self, other: object) -> list[Any] | None:
+        if isinstance(other, CacheableList):
+            return other.copy()
+        if isinstance(other, list):
+            return other
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        o = self._other(other)
+        if o is None:
+            return NotImplemented
+        return len(self) == len(o) and self.copy() == o
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __lt__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is None else self.copy() < o
+
+    def __le__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is None else self.copy() <= o
+
+    def __gt__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is None else self.copy() > o
+
+    def __ge__(self, other: object) -> bool:
+        o = self._other(other)
+        return NotImplemented if o is None else self.copy() >= o
+
+    def __add__(self, other: Any) -> list[Any]:
+        o = self._other(other)
+        if o is None:
+            raise TypeError(f'can only concatenate list (not "{type(other).__name__}") to list')
+        return self.copy() + o
+
+    def __radd__(self, other: Any) -> list[Any]:
+        o = self._other(other)
+        if o is None:
+            return NotImplemented
+        return o + self.copy()
+
+    def __iadd__(self, values: Iterable[Any]) -> "CacheableList":
+        self.extend(values)
+        return self
+
+    def __mul__(self, k: SupportsIndex) -> list[Any]:
+        return self.copy() * k
+
+    __rmul__ = __mul__
+
+    def __imul__(self, k: SupportsIndex) -> "CacheableList":
+        k = k.__index__()
+        if k <= 0:
+            self.clear()
+        elif k > 1:
+            self.extend(self.copy() * (k - 1))
+        return self

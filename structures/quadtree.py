@@ -1,0 +1,631 @@
+"""CacheableQuadtree: a point-region quadtree whose nodes are manager entries.
+
+A node is one entry, keyed by an integer id (the root is 0), holding a short list::
+
+    [x0, y0, x1, y1, depth, count, children, points, tmin]
+
+``children`` is ``None`` at a leaf, else the ids of the four quadrants (SW, SE, NW, NE);
+``points`` is the leaf's list of ``[x, y, data, ts]`` (``None`` inside); ``count`` is the number
+of points in the subtree, so density questions (``count(rect)``, ``grid_counts(depth)``) stop at
+the highest node that lies inside the region and never read its leaves; ``tmin`` is a lower
+bound of the subtree's timestamps, so ``prune_older(t)`` skips subtrees with nothing to drop.
+
+A leaf splits when it holds more than ``capacity`` points, unless it is at ``max_depth``
+(identical points cannot be separated by splitting, so the depth limit is what keeps a burst of
+duplicates from recursing forever). An inner node whose subtree falls to ``capacity // 2``
+points or fewer, by ``remove`` or a prune, merges its children back into one leaf; the gap
+between the split and the merge thresholds keeps a node near the boundary from flapping.
+Bounds are closed: a point on the upper edge belongs to the tree and to the upper quadrant.
+
+Every operation reads nodes level by level with one ``get_many`` per level and writes the
+touched nodes with one ``put_many``, so a cold tree costs one round trip per level, not per
+node. ``insert_many`` routes a whole batch down together: each node on the way is read and
+written once per batch instead of once per point, which is how a stream job should feed it.
+
+:class:`PlainQuadtree` is the very same code over a plain ``dict`` of nodes, the all-in-heap
+baseline of ``mlcache bench events``.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+from .base import Cacheable
+
+__all__ = ["CacheableQuadtree", "PlainQuadtree", "Point"]
+
+X0, Y0, X1, Y1, DEPTH, COUNT, KIDS, PTS, TMIN = range(9)
+ROOT = 0
+_ANY: Any = object()
+
+
+class Point(NamedTuple):
+    x: float
+    y: float
+    data: Any = None
+    ts: float | None = None
+
+
+def _check_bounds(bounds: Any) -> list[float]:
+    try:
+        x0, y0, x1, y1 = (float(v) for v in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"bounds must be (x0, y0, x1, y1), got {bounds!r}") from None
+    if not all(math.isfinite(v) for v in (x0, y0, x1, y1)) or not (x0 < x1 and y0 < y1):
+        raise ValueError(f"bounds must be finite with x0 < x1 and y0 < y1, got {bounds!r}")
+    return [x0, y0, x1, y1]
+
+
+def _min_ts(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a < b else b
+
+
+def _quadrant(node: list, x: float, y: float) -> int:
+    return (x >= (node[X0] + node[X1]) * 0.5) | ((y >= (node[Y0] + node[Y1]) * 0.5) << 1)
+
+
+def _child_bounds(node: list, q: int) -> tuple[float, float, float, float]:
+    mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
+    x0, x1 = (mx, node[X1]) if q & 1 else (node[X0], mx)
+    y0, y1 = (my, node[Y1]) if q & 2 else (node[Y0], my)
+    return x0, y0, x1, y1
+
+
+def _mindist2(node: list, x: float, y: float) -> float:
+    dx = node[X0] - x if x < node[X0] else (x - node[X1] if x > node[X1] else 0.0)
+    dy = node[Y0] - y if y < node[Y0] else (y - node[Y1] if y > node[Y1] else 0.0)
+    return dx * dx + dy * dy
+
+
+class _QuadtreeOps:
+    """The algorithms, written against ``self._ns`` (get/get_many/put/put_many/delete_many),
+    ``self._meta`` and ``self._save_meta()``; shared by the cacheable and the plain tree."""
+
+    __slots__ = ()
+    _ns: Any
+    _meta: dict[str, Any]
+    _save_meta: Callable[[], None]
+    _store: Callable[[Any], Any]
+    _load: Callable[[Any], Any]
+
+    # -- shape -------------------------------------------------------------------------------
+
+    @property
+    def bounds(self) -> tuple[float, float, float, float]:
+        x0, y0, x1, y1 = self._meta["bounds"]
+        return (x0, y0, x1, y1)
+
+    @property
+    def capacity(self) -> int:
+        return int(self._meta["capacity"])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self._meta["max_depth"])
+
+    @property
+    def node_count(self) -> int:
+        return int(self._meta["nodes"])
+
+    def __len__(self) -> int:
+        return int(self._meta["len"])
+
+    def _root_node(self) -> list:
+        x0, y0, x1, y1 = self._meta["bounds"]
+        return [x0, y0, x1, y1, 0, 0, None, [], None]
+
+    def _point(self, x: Any, y: Any, data: Any, ts: Any) -> list:
+        x0, y0, x1, y1 = self._meta["bounds"]
+        if not (x0 <= x <= x1 and y0 <= y <= y1):
+            raise ValueError(f"point ({x!r}, {y!r}) is outside the quadtree bounds "
+                             f"({x0!r}, {y0!r}, {x1!r}, {y1!r})")
+        return [x, y, self._store(data), ts]
+
+    def _as_point(self, rec: list) -> Point:
+        return Point(rec[0], rec[1], self._load(rec[2]), rec[3])
+
+    # -- insert ------------------------------------------------------------------------------
+
+    def insert(self, x: float, y: float, data: Any = None, ts: float | None = None) -> None:
+        """Add one point (duplicates allowed). ``ts`` is what ``prune_older`` compares."""
+        self.insert_many(((x, y, data, ts),))
+
+    def insert_many(self, points: Iterable[Any]) -> int:
+        """Add ``(x, y)``, ``(x, y, data)`` or ``(x, y, data, ts)`` tuples; returns how many.
+
+        All points are checked before anything is written, so a bad point changes nothing."""
+        recs = []
+        for p in points:
+            n = len(p)
+            recs.append(self._point(p[0], p[1], p[2] if n > 2 else None, p[3] if n > 3 else None))
+        if not recs:
+            return 0
+        capacity, max_depth = self._meta["capacity"], self._meta["max_depth"]
+        touched: dict[int, list] = {}
+        groups: dict[int, list] = {ROOT: recs}
+        while groups:
+            found = self._ns.get_many(list(groups))
+            deeper: dict[int, list] = {}
+            for nid, batch in groups.items():
+                node = found.get(nid) or self._root_node()
+                touched[nid] = node
+                node[COUNT] += len(batch)
+                tmin = node[TMIN]
+                for rec in batch:
+                    if rec[3] is not None and (tmin is None or rec[3] < tmin):
+                        tmin = rec[3]
+                node[TMIN] = tmin
+                kids = node[KIDS]
+                if kids is None:
+                    node[PTS].extend(batch)
+                    if len(node[PTS]) > capacity and node[DEPTH] < max_depth:
+                        self._split(node, touched, capacity, max_depth)
+                    continue
+                mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
+                for rec in batch:
+                    kid = kids[(rec[0] >= mx) | ((rec[1] >= my) << 1)]
+                    sub = deeper.get(kid)
+                    if sub is None:
+                        deeper[kid] = [rec]
+                    else:
+                        sub.append(rec)
+            groups = deeper
+        self._ns.put_many(list(touched.items()))
+        self._meta["len"] += len(recs)
+        self._save_meta()
+        return len(recs)
+
+    def _split(self, node: list, touched: dict[int, list], capacity: int, max_depth: int) -> None:
+        first = self._meta["next"]
+        self._meta["next"] = first + 4
+        self._meta["nodes"] += 4
+        kids = [first, first + 1, first + 2, first + 3]
+        parts: list[list] = [[], [], [], []]
+        for rec in node[PTS]:
+            parts[_quadrant(node, rec[0], rec[1])].append(rec)
+        node[KIDS], node[PTS] = kids, None
+        for q in range(4):
+            tmin = None
+            for rec in parts[q]:
+                tmin = _min_ts(tmin, rec[3])
+            child = [*_child_bounds(node, q), node[DEPTH] + 1, len(parts[q]), None, parts[q], tmin]
+            touched[kids[q]] = child
+            if len(parts[q]) > capacity and child[DEPTH] < max_depth:
+                self._split(child, touched, capacity, max_depth)
+
+    # -- remove and merge --------------------------------------------------------------------
+
+    def remove(self, x: float, y: float, data: Any = _ANY) -> Point:
+        """Remove one point at ``(x, y)`` (with this ``data`` if given) and return it;
+        ``ValueError`` if there is none, like ``list.remove``."""
+        path: list[tuple[int, list]] = []
+        nid = ROOT
+        while True:
+            node = self._ns.get(nid)
+            if node is None:
+                raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
+            path.append((nid, node))
+            if node[KIDS] is None:
+                break
+            nid = node[KIDS][_quadrant(node, x, y)]
+        pts = node[PTS]
+        stored = _ANY if data is _ANY else self._store(data)
+        for j, rec in enumerate(pts):
+            if rec[0] == x and rec[1] == y and (stored is _ANY or rec[2] == stored):
+                break
+        else:
+            raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
+        rec = pts.pop(j)
+        for _, n in path:
+            n[COUNT] -= 1
+        touched: dict[int, list] = dict(path)
+        gone: list[int] = []
+        for pid, parent in reversed(path[:-1]):
+            if parent[COUNT] > self._merge_below():
+                break
+            self._collapse(parent, touched, gone)
+        for nid in gone:
+            touched.pop(nid, None)
+        self._ns.put_many(list(touched.items()))
+        if gone:
+            self._ns.delete_many(gone)
+        self._meta["len"] -= 1
+        self._save_meta()
+        return self._as_point(rec)
+
+    def _merge_below(self) -> int:
+        return int(self._meta["capacity"]) // 2
+
+    def _collapse(self, node: list, touched: dict[int, list], gone: list[int]) -> None:
+        """Turn an inner node into a leaf holding all its subtree's points."""
+        points: list = []
+        tmin = None
+        before = len(gone)
+        frontier = list(node[KIDS])
+        while frontier:
+            found = self._ns.get_many([k for k in frontier if k not in touched])
+            nxt = []
+            for kid in frontier:
+                child = touched[kid] if kid in touched else found[kid]
+                gone.append(kid)
+                if child[KIDS] is None:
+                    points.extend(child[PTS])
+                    for rec in child[PTS]:
+                        tmin = _min_ts(tmin, rec[3])
+                else:
+                    nxt.extend(child[KIDS])
+            frontier = nxt
+        self._meta["nodes"] -= len(gone) - before
+        node[KIDS], node[PTS], node[COUNT], node[TMIN] = None, points, len(points), tmin
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def _walk(self, visit: Callable[[list], bool]) -> None:
+        """Breadth-first over the nodes ``visit`` descends into (one get_many per level)."""
+        frontier = [ROOT]
+        while frontier:
+            found = self._ns.get_many(frontier)
+            nxt: list[int] = []
+            for nid in frontier:
+                node = found.get(nid)
+                if node is not None and visit(node) and node[KIDS] is not None:
+                    nxt.extend(node[KIDS])
+            frontier = nxt
+
+    def range(self, x0: float, y0: float, x1: float, y1: float) -> list[Point]:
+        """Points with ``x0 <= x <= x1`` and ``y0 <= y <= y1``."""
+        out: list[Point] = []
+
+        def visit(node: list) -> bool:
+            if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
+                return False
+            if node[KIDS] is None:
+                out.extend(self._as_point(r) for r in node[PTS]
+                           if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+            return True
+
+        self._walk(visit)
+        return out
+
+    def count(self, x0: float, y0: float, x1: float, y1: float) -> int:
+        """How many points ``range(x0, y0, x1, y1)`` would return, from the per-node counts."""
+        total = 0
+
+        def visit(node: list) -> bool:
+            nonlocal total
+            if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
+                return False
+            if x0 <= node[X0] and node[X1] <= x1 and y0 <= node[Y0] and node[Y1] <= y1:
+                total += node[COUNT]
+                return False
+            if node[KIDS] is None:
+                total += sum(1 for r in node[PTS] if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+            return True
+
+        self._walk(visit)
+        return total
+
+    def radius(self, x: float, y: float, r: float) -> list[Point]:
+        """Points within distance ``r`` of ``(x, y)`` (``dx*dx + dy*dy <= r*r``)."""
+        r2 = r * r
+        out: list[Point] = []
+
+        def visit(node: list) -> bool:
+            if _mindist2(node, x, y) > r2:
+                return False
+            if node[KIDS] is None:
+                for rec in node[PTS]:
+                    dx, dy = rec[0] - x, rec[1] - y
+                    if dx * dx + dy * dy <= r2:
+                        out.append(self._as_point(rec))
+            return True
+
+        self._walk(visit)
+        return out
+
+    def nearest(self, x: float, y: float, k: int = 1) -> list[Point]:
+        """The ``k`` points closest to ``(x, y)``, nearest first (ties in any order)."""
+        if k <= 0:
+            return []
+        heap: list[tuple[float, int, int, Any]] = [(0.0, 0, 0, ROOT)]
+        seq = 1
+        out: list[Point] = []
+        while heap and len(out) < k:
+            d2, _, is_point, item = heapq.heappop(heap)
+            if is_point:
+                out.append(self._as_point(item))
+                continue
+            node = self._ns.get(item)
+            if node is None:
+                continue
+            if node[KIDS] is None:
+                for rec in node[PTS]:
+                    dx, dy = rec[0] - x, rec[1] - y
+                    heapq.heappush(heap, (dx * dx + dy * dy, seq, 1, rec))
+                    seq += 1
+            else:
+                found = self._ns.get_many(node[KIDS])
+                for kid in node[KIDS]:
+                    child = found[kid]
+                    if child[COUNT]:
+                        heapq.heappush(heap, (_mindist2(child, x, y), seq, 0, kid))
+                        seq += 1
+        return out
+
+    def grid_counts(self, depth: int) -> dict[tuple[int, int], int]:
+        """Points per cell of the ``2**depth`` x ``2**depth`` grid over the bounds, as
+        ``{(ix, iy): count}`` for non-empty cells; cell ``(ix, iy)`` is the quadrant reached
+        by ``depth`` halvings. Reads no node deeper than ``depth``."""
+        bx0, by0, bx1, by1 = self._meta["bounds"]
+        out: dict[tuple[int, int], int] = {}
+
+        def visit(node: list) -> bool:
+            if node[COUNT] == 0:
+                return False
+            nd = node[DEPTH]
+            side = 1 << nd
+            ix = int(round((node[X0] - bx0) / (bx1 - bx0) * side))
+            iy = int(round((node[Y0] - by0) / (by1 - by0) * side))
+            if nd == depth:
+                out[(ix, iy)] = out.get((ix, iy), 0) + node[COUNT]
+                return False
+            if node[KIDS] is None:
+                for rec in node[PTS]:
+                    cx, cy = ix, iy
+                    x0, y0, x1, y1 = node[X0], node[Y0], node[X1], node[Y1]
+                    for _ in range(depth - nd):
+                        mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+                        if rec[0] >= mx:
+                            cx, x0 = 2 * cx + 1, mx
+                        else:
+                            cx, x1 = 2 * cx, mx
+                        if rec[1] >= my:
+                            cy, y0 = 2 * cy + 1, my
+                        else:
+                            cy, y1 = 2 * cy, my
+                    out[(cx, cy)] = out.get((cx, cy), 0) + 1
+                return False
+            return True
+
+        self._walk(visit)
+        return out
+
+    def cell_bounds(self, depth: int, ix: int, iy: int) -> tuple[float, float, float, float]:
+        """The rectangle of grid cell ``(ix, iy)`` at ``depth`` (as ``grid_counts`` uses)."""
+        x0, y0, x1, y1 = self._meta["bounds"]
+        for level in range(depth - 1, -1, -1):
+            mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+            if (ix >> level) & 1:
+                x0 = mx
+            else:
+                x1 = mx
+            if (iy >> level) & 1:
+                y0 = my
+            else:
+                y1 = my
+        return x0, y0, x1, y1
+
+    def __iter__(self) -> Iterator[Point]:
+        leaves: list[list] = []
+
+        def visit(node: list) -> bool:
+            if node[KIDS] is None:
+                leaves.append(node)
+            return True
+
+        self._walk(visit)
+        for leaf in leaves:
+            for rec in leaf[PTS]:
+                yield self._as_point(rec)
+
+    def points(self) -> list[Point]:
+        return list(self)
+
+    # -- prune -------------------------------------------------------------------------------
+
+    def prune(self, predicate: Callable[[Point], bool]) -> int:
+        """Remove every point for which ``predicate(point)`` is true; returns how many.
+        Subtrees left under-full are merged."""
+        return self._prune(lambda rec: bool(predicate(self._as_point(rec))), None)
+
+    def prune_older(self, t: float) -> int:
+        """Remove points with a timestamp ``< t`` (points without one stay); returns how many."""
+        return self._prune(lambda rec: rec[3] is not None and rec[3] < t, t)
+
+    def _prune(self, drop: Callable[[list], bool], t: float | None) -> int:
+        touched: dict[int, list] = {}
+        gone: list[int] = []
+        root = self._ns.get(ROOT)
+        if root is None:
+            return 0
+        removed = self._prune_node(ROOT, root, drop, t, touched, gone)
+        for nid in gone:
+            touched.pop(nid, None)
+        if touched:
+            self._ns.put_many(list(touched.items()))
+        if gone:
+            self._ns.delete_many(gone)
+        if removed:
+            self._meta["len"] -= removed
+            self._save_meta()
+        return removed
+
+    def _prune_node(self, nid: int, node: list, drop: Callable[[list], bool], t: float | None,
+                    touched: dict[int, list], gone: list[int]) -> int:
+        if node[COUNT] == 0 or (t is not None and (node[TMIN] is None or node[TMIN] >= t)):
+            return 0
+        if node[KIDS] is None:
+            keep = [rec for rec in node[PTS] if not drop(rec)]
+            removed = len(node[PTS]) - len(keep)
+            if removed:
+                tmin = None
+                for rec in keep:
+                    tmin = _min_ts(tmin, rec[3])
+                node[PTS], node[COUNT], node[TMIN] = keep, len(keep), tmin
+                touched[nid] = node
+            return removed
+        kids = node[KIDS]
+        found = self._ns.get_many(kids)
+        removed = 0
+        tmin = None
+        for kid in kids:
+            child = found[kid]
+            removed += self._prune_node(kid, child, drop, t, touched, gone)
+            tmin = _min_ts(tmin, child[TMIN])
+        if removed:
+            node[COUNT] -= removed
+            node[TMIN] = tmin
+            touched[nid] = node
+            if node[COUNT] <= self._merge_below():
+                self._collapse(node, touched, gone)
+        return removed
+
+    # -- whole tree --------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        ids: list[int] = []
+        frontier = [ROOT]
+        while frontier:
+            found = self._ns.get_many(frontier)
+            ids.extend(k for k in frontier if k in found)
+            frontier = [k for nid in frontier if nid in found and found[nid][KIDS]
+                        for k in found[nid][KIDS]]
+        if ids:
+            self._ns.delete_many(ids)
+        self._meta.update(len=0, nodes=1, next=1)
+        self._save_meta()
+
+    def _empty_meta(self) -> dict[str, Any]:
+        return {**self._meta, "len": 0, "nodes": 1, "next": 1}
+
+    def height(self) -> int:
+        """Depth of the deepest node."""
+        deepest = 0
+
+        def visit(node: list) -> bool:
+            nonlocal deepest
+            deepest = max(deepest, node[DEPTH])
+            return True
+
+        self._walk(visit)
+        return deepest
+
+    def verify(self) -> int:
+        """Check every structural invariant (counts, bounds, timestamps, merge threshold);
+        raise ``AssertionError`` on the first violation; return the number of nodes."""
+        nodes = 0
+        total = 0
+        merge_below = self._merge_below()
+        if self._ns.get(ROOT) is None:
+            assert self._meta["len"] == 0 and self._meta["nodes"] == 1
+            return 0
+
+        def visit(node: list) -> bool:
+            nonlocal nodes, total
+            nodes += 1
+            if node[KIDS] is None:
+                assert node[PTS] is not None and node[COUNT] == len(node[PTS]), node
+                for rec in node[PTS]:
+                    assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
+                    assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
+                assert len(node[PTS]) <= self._meta["capacity"] or \
+                    node[DEPTH] >= self._meta["max_depth"], "leaf over capacity"
+                total += node[COUNT]
+                return False
+            assert node[PTS] is None and len(node[KIDS]) == 4
+            kids = self._ns.get_many(node[KIDS])
+            assert sum(kids[k][COUNT] for k in node[KIDS]) == node[COUNT], "count mismatch"
+            assert node[COUNT] > merge_below, "under-full inner node not merged"
+            for q, k in enumerate(node[KIDS]):
+                assert tuple(kids[k][:4]) == _child_bounds(node, q)
+                assert kids[k][DEPTH] == node[DEPTH] + 1
+                if kids[k][TMIN] is not None:
+                    assert node[TMIN] is not None and node[TMIN] <= kids[k][TMIN]
+            return True
+
+        self._walk(visit)
+        assert total == self._meta["len"], (total, self._meta["len"])
+        assert nodes == self._meta["nodes"], (nodes, self._meta["nodes"])
+        return nodes
+
+
+def _quadtree_meta(bounds: Any, capacity: int, max_depth: int) -> dict[str, Any]:
+    if bounds is None:
+        raise ValueError("a new quadtree needs bounds=(x0, y0, x1, y1)")
+    b = _check_bounds(bounds)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+    return {"len": 0, "bounds": b, "capacity": capacity, "max_depth": max_depth,
+            "next": 1, "nodes": 1}
+
+
+class CacheableQuadtree(_QuadtreeOps, Cacheable):
+    """A quadtree whose nodes live in the cache levels.
+
+    Open with ``manager.quadtree(name, bounds=(x0, y0, x1, y1), capacity=32, max_depth=16)``;
+    reopening by name needs no bounds (given ones must match)."""
+
+    kind = "quadtree"
+    __slots__ = ()
+
+    def _new_meta(self, bounds: Any = None, capacity: int = 32,  # type: ignore[override]
+                  max_depth: int = 16) -> dict[str, Any]:
+        return _quadtree_meta(bounds, capacity, max_depth)
+
+    def _check_meta(self, meta: dict[str, Any], bounds: Any = None,  # type: ignore[override]
+                    capacity: int | None = None, max_depth: int | None = None) -> None:
+        super()._check_meta(meta)
+        if bounds is not None and _check_bounds(bounds) != list(meta["bounds"]):
+            raise ValueError(f"quadtree {self._name!r} exists with bounds "
+                             f"{tuple(meta['bounds'])}, not {tuple(bounds)}")
+
+    def __repr__(self) -> str:
+        return (f"<CacheableQuadtree {self._name!r} len={self._meta.get('len', 0)} "
+                f"bounds={tuple(self._meta.get('bounds', ()))}>")
+
+
+class _DictNodes(dict):
+    """The node store of :class:`PlainQuadtree`: the namespace calls over a plain dict."""
+
+    def get_many(self, keys: Iterable[int]) -> dict[int, list]:
+        return {k: self[k] for k in keys if k in self}
+
+    def put(self, key: int, value: list) -> None:
+        self[key] = value
+
+    def put_many(self, items: Iterable[tuple[int, list]]) -> None:
+        self.update(items)
+
+    def delete_many(self, keys: Iterable[int]) -> None:
+        for k in keys:
+            self.pop(k, None)
+
+
+class PlainQuadtree(_QuadtreeOps):
+    """The same quadtree with its nodes in a plain ``dict``: all state in the heap as live
+    Python objects, no cache. The baseline the cacheable tree is measured against."""
+
+    def __init__(self, bounds: Any, capacity: int = 32, max_depth: int = 16) -> None:
+        self._meta = _quadtree_meta(bounds, capacity, max_depth)
+        self._ns = _DictNodes()
+
+    def _save_meta(self) -> None:
+        pass
+
+    def _store(self, value: Any) -> Any:
+        return value
+
+    def _load(self, value: Any) -> Any:
+        return value
+
+    def drop(self) -> None:
+        self._ns.clear()
+        self._meta.update(len=0, nodes=1, next=1)
