@@ -1,0 +1,191 @@
+"""Partition ownership epochs in the shared level: Redis, or the host-shared disk directory.
+
+A Spark partition's state may be served by a different Python worker process in every batch
+(with ``local[2]`` it hops between the two workers). Each process keeps heap copies of the keys
+it served, so before reading it must know whether someone else wrote them since. The epoch store
+answers that with one atomic step per partition start:
+
+    acquire(scope, p, owner) -> epoch
+
+``epoch`` is incremented whenever the owner of ``(scope, p)`` changes and kept when the same
+owner takes the partition again. A process that remembers the epoch it last held sees a different
+number exactly when another process owned the partition in between, and then drops its heap
+copies of the partition's keys before reading. Redis does the step in one Lua script (shared by
+every host); without Redis a diskcache directory beside the disk level does it in one SQLite
+transaction (shared by the processes of one host, which is as far as a local disk level is
+shared anyway).
+
+The same store records manager creations per worker process (so a job can check that Spark
+reused its workers) and the last committed micro-batch per state.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Any, Protocol
+
+from mlcache.config import CacheConfig, DiskConfig, RedisConfig
+from mlcache.errors import ConfigError, LevelUnavailableError
+
+__all__ = ["EpochStore", "RedisEpochStore", "DiskEpochStore", "open_epoch_store", "redact_url"]
+
+_ACQUIRE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local epoch = 0
+local owner = ''
+if cur then
+  local i = string.find(cur, '|', 1, true)
+  epoch = tonumber(string.sub(cur, 1, i - 1))
+  owner = string.sub(cur, i + 1)
+end
+if owner ~= ARGV[2] then
+  epoch = epoch + 1
+  redis.call('HSET', KEYS[1], ARGV[1], epoch .. '|' .. ARGV[2])
+end
+return epoch
+"""
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, for error messages."""
+    return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", url)
+
+
+class EpochStore(Protocol):
+    def acquire(self, scope: str, partition: int, owner: str) -> int: ...
+    def partitions(self, scope: str) -> list[int]: ...
+    def record_creation(self, worker: str) -> int: ...
+    def creations(self) -> dict[str, int]: ...
+    def record_stats(self, worker: str, stats: str) -> None: ...
+    def worker_stats(self) -> dict[str, str]: ...
+    def mark_committed(self, scope: str, batch_id: int) -> None: ...
+    def last_committed(self, scope: str) -> int | None: ...
+    def close(self) -> None: ...
+
+
+class RedisEpochStore:
+    """Epochs as one Redis hash per scope; acquire is a Lua script (atomic on the server)."""
+
+    def __init__(self, cfg: RedisConfig, namespace: str) -> None:
+        import redis
+
+        self.url = cfg.url
+        tls: dict[str, Any] = {}
+        if cfg.url.startswith("rediss://"):
+            tls = {k: v for k, v in (("ssl_ca_certs", cfg.ssl_ca_certs),
+                                     ("ssl_certfile", cfg.ssl_certfile),
+                                     ("ssl_keyfile", cfg.ssl_keyfile)) if v}
+        self._client = redis.Redis.from_url(cfg.url, socket_timeout=cfg.socket_timeout,
+                                            socket_connect_timeout=cfg.socket_timeout, **tls)
+        self._base = f"{cfg.prefix}:spark:{namespace}"
+        try:
+            self._client.ping()
+        except Exception as exc:
+            raise LevelUnavailableError(
+                f"redis.url: cannot reach {redact_url(cfg.url)} from {socket.gethostname()} "
+                f"(pid {os.getpid()}): {type(exc).__name__}: {exc}", level="redis") from exc
+        self._acquire = self._client.register_script(_ACQUIRE)
+
+    def acquire(self, scope: str, partition: int, owner: str) -> int:
+        return int(self._acquire(keys=[f"{self._base}:own:{scope}"], args=[str(partition), owner]))
+
+    def partitions(self, scope: str) -> list[int]:
+        return sorted(int(p) for p in self._client.hkeys(f"{self._base}:own:{scope}"))
+
+    def record_creation(self, worker: str) -> int:
+        return int(self._client.hincrby(f"{self._base}:creations", worker, 1))
+
+    def creations(self) -> dict[str, int]:
+        raw = self._client.hgetall(f"{self._base}:creations")
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def record_stats(self, worker: str, stats: str) -> None:
+        self._client.hset(f"{self._base}:stats", worker, stats)
+
+    def worker_stats(self) -> dict[str, str]:
+        raw = self._client.hgetall(f"{self._base}:stats")
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def mark_committed(self, scope: str, batch_id: int) -> None:
+        self._client.set(f"{self._base}:committed:{scope}", int(batch_id))
+
+    def last_committed(self, scope: str) -> int | None:
+        raw = self._client.get(f"{self._base}:committed:{scope}")
+        return None if raw is None else int(raw)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class DiskEpochStore:
+    """Epochs in a diskcache directory beside the disk level; acquire is one transaction."""
+
+    def __init__(self, cfg: DiskConfig, namespace: str) -> None:
+        import diskcache
+
+        self.path = cfg.resolved_path().rstrip(os.sep) + ".spark"
+        try:
+            self._cache = diskcache.Cache(self.path, timeout=cfg.timeout)
+        except Exception as exc:
+            raise LevelUnavailableError(
+                f"disk.path: cannot open {self.path} on {socket.gethostname()}: {exc}",
+                level="disk") from exc
+        self._ns = namespace
+
+    def acquire(self, scope: str, partition: int, owner: str) -> int:
+        key = (self._ns, "own", scope, int(partition))
+        with self._cache.transact(retry=True):
+            epoch, held_by = self._cache.get(key, default=(0, ""), retry=True)
+            if held_by != owner:
+                epoch += 1
+                self._cache.set(key, (epoch, owner), retry=True)
+        return int(epoch)
+
+    def partitions(self, scope: str) -> list[int]:
+        return sorted(k[3] for k in self._cache.iterkeys()
+                      if isinstance(k, tuple) and k[:3] == (self._ns, "own", scope))
+
+    def record_creation(self, worker: str) -> int:
+        return int(self._cache.incr((self._ns, "creations", worker), retry=True))
+
+    def creations(self) -> dict[str, int]:
+        out = {}
+        for k in self._cache.iterkeys():
+            if isinstance(k, tuple) and k[:2] == (self._ns, "creations"):
+                out[k[2]] = int(self._cache.get(k, default=0, retry=True))
+        return out
+
+    def record_stats(self, worker: str, stats: str) -> None:
+        self._cache.set((self._ns, "stats", worker), stats, retry=True)
+
+    def worker_stats(self) -> dict[str, str]:
+        out = {}
+        for k in self._cache.iterkeys():
+            if isinstance(k, tuple) and k[:2] == (self._ns, "stats"):
+                out[k[2]] = self._cache.get(k, default="{}", retry=True)
+        return out
+
+    def mark_committed(self, scope: str, batch_id: int) -> None:
+        self._cache.set((self._ns, "committed", scope), int(batch_id), retry=True)
+
+    def last_committed(self, scope: str) -> int | None:
+        return self._cache.get((self._ns, "committed", scope), retry=True)
+
+    def close(self) -> None:
+        self._cache.close()
+
+
+def open_epoch_store(config: CacheConfig) -> Any:
+    """The store in the config's shared level: its first Redis level, else its disk level."""
+    for level in config.levels:
+        if isinstance(level, RedisConfig):
+            if level.url == "embedded":
+                raise ConfigError("redis.url", "'embedded' starts a private server per process; "
+                                  "resolve it on the driver first (SparkCache does)")
+            return RedisEpochStore(level, config.namespace)
+    for level in config.levels:
+        if isinstance(level, DiskConfig):
+            return DiskEpochStore(level, config.namespace)
+    raise ConfigError("levels", "Spark state needs a level shared between worker processes "
+                      "(redis or disk); a heap-only or arena-only config cannot be coherent")

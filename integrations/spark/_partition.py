@@ -1,0 +1,347 @@
+"""Partition helpers: the executor side of a stateful PySpark job.
+
+One partition run, whatever the API (``mapPartitions``, ``mapInPandas``, an iterator pandas
+UDF), goes through the same steps:
+
+1. take this process's manager (:func:`~._executor.worker_context`, one per process);
+2. take ownership of partition ``p`` in the epoch store and drop local copies of ``p``'s
+   namespaces if another process owned it since (coherence);
+3. open ``p``'s scope — versioned when a micro-batch id is known (exactly-once) — and the
+   state dict the function asked for;
+4. read ahead over the records and hint their keys (keyed prefetching), so the state is in the
+   heap when the function reaches the record;
+5. in a ``finally``, when the partition ends for any reason: forward the (key, new, old) changes
+   to the flush listeners if the function completed, then flush (checkpoint, in a micro-batch)
+   so that the state is in the shared level before Spark sees the task finish. This is the
+   task's commit point; nothing relies on the worker living any longer.
+
+The batch id reaches the task in the pickled function (captured while :func:`foreach_batch`
+runs the user's batch function on the driver) or, as a fallback, as the Spark local property
+``mlcache.batch_id``.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import threading
+import typing
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Iterator
+
+from mlcache.errors import CacheError
+
+from ._executor import WorkerContext, worker_context
+from ._scope import PartitionScope
+from ._versioned import forward_changes
+
+__all__ = ["PartitionSpec", "PartitionFunction", "PandasFunction", "KeyFunctionError",
+           "BATCH_PROPERTY", "batch_context", "current_batch"]
+
+BATCH_PROPERTY = "mlcache.batch_id"
+_REPR_LIMIT = 300
+
+
+class KeyFunctionError(CacheError, ValueError):
+    """A ``key=`` function failed on a record; the message names the record and partition."""
+
+    def __init__(self, message: str, *, record: Any = None, partition: int | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+        self.partition = partition
+
+
+# The batch id (and flush sinks) of the foreach_batch call running in this driver thread:
+# a partition function pickled while it runs carries them to the executors.
+_driver = threading.local()
+
+
+class batch_context:
+    """``with batch_context(batch_id, sinks):`` — what :func:`foreach_batch` sets around a batch."""
+
+    def __init__(self, batch_id: int, sinks: tuple = ()) -> None:
+        self.batch_id = int(batch_id)
+        self.sinks = tuple(sinks)
+
+    def __enter__(self) -> "batch_context":
+        self._saved = getattr(_driver, "ctx", None)
+        _driver.ctx = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _driver.ctx = self._saved
+
+
+def current_batch() -> batch_context | None:
+    return getattr(_driver, "ctx", None)
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= _REPR_LIMIT else text[:_REPR_LIMIT] + "...>"
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """Everything a partition run needs; pickled to the executors with the function."""
+
+    config: Any
+    scope: str = "state"
+    state: str = "state"
+    key: Any = None                      # record -> key, a field/column name, or None
+    ts: Callable[[Any], float] | None = None
+    depth: int | str = "auto"
+    prefetch: bool = True
+    batch_id: int | None = None
+    listeners: tuple = ()
+    collect_stats: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def _listener_calls(listeners: Iterable[Any]) -> list[Callable[[Any, Any, Any], Any]]:
+    calls = []
+    for obj in listeners:
+        fn = getattr(obj, "on_flush", obj)
+        if not callable(fn):
+            raise TypeError(f"a flush listener must be callable(key, new, old) or have "
+                            f"on_flush(key, new, old), got {type(obj).__name__}")
+        calls.append(fn)
+    return calls
+
+
+class _Run:
+    """One execution of one partition task (see the module docstring)."""
+
+    def __init__(self, spec: PartitionSpec) -> None:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        self.partition = tc.partitionId() if tc is not None else 0
+        batch = spec.batch_id
+        if batch is None and tc is not None:
+            raw = tc.getLocalProperty(BATCH_PROPERTY)
+            batch = int(raw) if raw not in (None, "") else None
+        self.spec = spec
+        self.ctx: WorkerContext = worker_context(spec.config)
+        self.ctx.take_partition(spec.scope, self.partition)
+        stage = f"{tc.stageId()}.{tc.attemptNumber()}" if tc is not None else "0.0"
+        attempt = f"{self.ctx.owner}:{stage}:{uuid.uuid4().hex[:6]}"
+        self.scope = PartitionScope(
+            self.ctx.manager, spec.scope, self.partition, batch, attempt,
+            on_namespace=lambda ns: self.ctx.note_namespace(spec.scope, self.partition, ns))
+        self.state = self.scope.dict(spec.state)
+        self.target = self.scope.namespace(f"dict:{spec.state}")
+
+    def key_function(self) -> Callable[[Any], Any] | None:
+        key = self.spec.key
+        if key is None:
+            return None
+        if not callable(key):
+            field_name = key
+
+            def key(record: Any, _f: Any = field_name) -> Any:
+                return record[_f]
+            label = f"record[{field_name!r}]"
+        else:
+            label = _fn_name(key)
+        partition = self.partition
+
+        def safe_key(record: Any) -> Any:
+            try:
+                return key(record)
+            except Exception as exc:
+                raise KeyFunctionError(
+                    f"key function {label} failed on row {_short(record)} in partition "
+                    f"{partition}: {type(exc).__name__}: {exc}",
+                    record=record, partition=partition) from exc
+        return safe_key
+
+    def finish(self, completed: bool) -> None:
+        """The commit point: forward changes, then make the state durable below the heap."""
+        try:
+            if completed and self.spec.listeners:
+                calls = _listener_calls(self.spec.listeners)
+                for view in self.scope.views():
+                    forward_changes(view, calls)
+        finally:
+            if completed and self.scope.batch_id is not None:
+                self.ctx.manager.checkpoint(checkpoint_id=self.scope.batch_id)
+            else:
+                self.ctx.manager.flush()
+            if self.spec.collect_stats:
+                self.ctx.store.record_stats(self.ctx.worker, json.dumps(
+                    self.ctx.manager.stats(), default=str))
+
+
+def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterable[Any]) -> Iterator[Any]:
+    run = _Run(spec)
+    completed = False
+    try:
+        keyfn = run.key_function()
+        if keyfn is not None and spec.prefetch:
+            from mlcache.prefetch import prefetching
+
+            records = prefetching(records, keyfn, ts=spec.ts, cache=run.target, depth=spec.depth)
+        yield from fn(records, run.state)
+        completed = True
+    finally:
+        run.finish(completed)
+
+
+def _frame_keys(run: _Run, frame: Any) -> list[Any]:
+    """The state keys of one pandas batch (DataFrame, Series or tuple of Series)."""
+    key = run.spec.key
+    try:
+        if key is None:
+            series = frame[0] if isinstance(frame, tuple) else frame
+            if hasattr(series, "columns"):
+                raise TypeError("a DataFrame batch needs key= (a column name or a function)")
+            values = series
+        elif callable(key):
+            values = key(frame)
+        else:
+            values = frame[key]
+        keys = values.tolist() if hasattr(values, "tolist") else list(values)
+    except Exception as exc:
+        raise KeyFunctionError(
+            f"key {_fn_name(key) if callable(key) else repr(key)} failed on a batch of "
+            f"{len(frame) if hasattr(frame, '__len__') else '?'} rows in partition "
+            f"{run.partition} (first row: {_short(_first_row(frame))}): "
+            f"{type(exc).__name__}: {exc}", record=_first_row(frame),
+            partition=run.partition) from exc
+    return keys
+
+
+def _first_row(frame: Any) -> Any:
+    try:
+        if isinstance(frame, tuple):
+            return tuple(s.iloc[0] for s in frame)
+        if hasattr(frame, "columns"):
+            return frame.iloc[0].to_dict()
+        return frame.iloc[0]
+    except Exception:
+        return None
+
+
+def _row_of(frame: Any, i: int) -> Any:
+    try:
+        if isinstance(frame, tuple):
+            return tuple(s.iloc[i] for s in frame)
+        if hasattr(frame, "columns"):
+            return frame.iloc[i].to_dict()
+        return frame.iloc[i]
+    except Exception:
+        return None
+
+
+def _hinted_frames(run: _Run, frames: Iterable[Any]) -> Iterator[Any]:
+    """Yield the batches in order, hinting each batch's keys as soon as it is read and reading
+    one batch ahead, so the next batch's state loads while this one is processed."""
+    ns = run.target.ns
+    prefetch = run.spec.prefetch
+    position = 0
+
+    def hint(frame: Any) -> None:
+        nonlocal position
+        keys = _frame_keys(run, frame)
+        for i, k in enumerate(keys):
+            try:
+                if prefetch:
+                    ns.hint(k, float(position + i))
+            except TypeError as exc:
+                row = _row_of(frame, i)
+                raise KeyFunctionError(
+                    f"key {k!r} of row {_short(row)} (row {i} of its batch) in partition "
+                    f"{run.partition} is not a valid mlcache key: {exc}",
+                    record=row, partition=run.partition) from exc
+        position += len(keys)
+
+    it = iter(frames)
+    current = next(it, None)
+    if current is None:
+        return
+    hint(current)
+    while current is not None:
+        ahead = next(it, None)
+        if ahead is not None:
+            hint(ahead)
+        yield current
+        current = ahead
+
+
+def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Iterable[Any]) -> Iterator[Any]:
+    run = _Run(spec)
+    completed = False
+    try:
+        yield from fn(_hinted_frames(run, frames), run.state)
+        completed = True
+    finally:
+        run.finish(completed)
+
+
+class PartitionFunction:
+    """``fn(records, state)`` made into a function of one iterator, for ``rdd.mapPartitions``.
+
+    Pickled to the executors with its :class:`PartitionSpec`; when pickled inside
+    :func:`foreach_batch` it carries that batch's id and flush sinks.
+    """
+
+    _runner = staticmethod(_rows)
+
+    def __init__(self, fn: Callable[..., Iterable[Any]], spec: PartitionSpec) -> None:
+        self.fn = fn
+        self.spec = spec
+        self.__name__ = getattr(fn, "__name__", type(self).__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, records: Iterable[Any]) -> Iterator[Any]:
+        return type(self)._runner(self.fn, self.spec, records)
+
+    def for_batch(self, batch_id: int, *, listeners: Iterable[Any] = ()) -> "PartitionFunction":
+        """A copy bound to a micro-batch explicitly (exactly-once state effects)."""
+        out = copy.copy(self)
+        out.spec = replace(self.spec, batch_id=int(batch_id),
+                           listeners=self.spec.listeners + tuple(listeners))
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        ctx = current_batch()
+        if ctx is not None and self.spec.batch_id is None:
+            state["spec"] = replace(self.spec, batch_id=ctx.batch_id,
+                                    listeners=self.spec.listeners + ctx.sinks)
+        return state
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.__name__} state={self.spec.scope}/{self.spec.state}>"
+
+
+class PandasFunction(PartitionFunction):
+    """``fn(batches, state)`` made into a function of one iterator of pandas batches, for
+    ``df.mapInPandas`` and iterator pandas UDFs."""
+
+    _runner = staticmethod(_frames)
+
+
+def as_pandas_udf(pf: PandasFunction, user_fn: Callable[..., Any], return_type: Any) -> Any:
+    """A real ``pandas_udf`` whose one parameter and return carry the user's type hints
+    (Spark infers the UDF kind from them; the injected ``state`` parameter is not Spark's)."""
+    from pyspark.sql.functions import pandas_udf
+
+    hints = typing.get_type_hints(user_fn)
+    params = list(inspect.signature(user_fn).parameters)
+    if not params or params[0] not in hints or "return" not in hints:
+        raise TypeError(f"{_fn_name(user_fn)} needs type hints on its first parameter and its "
+                        "return, e.g. (batches: Iterator[pd.Series], state) -> Iterator[pd.Series]")
+
+    def batches_udf(batches):  # type: ignore[no-untyped-def]
+        return pf(batches)
+
+    batches_udf.__annotations__ = {"batches": hints[params[0]], "return": hints["return"]}
+    batches_udf.__name__ = getattr(user_fn, "__name__", "batches_udf")
+    return pandas_udf(batches_udf, return_type)

@@ -1,0 +1,194 @@
+"""Exactly-once state effects for micro-batches: versioned entries tagged with batch ids.
+
+Spark may run a micro-batch twice (same batch id, same input) after a failure, and some of the
+first attempt's partitions may have finished and flushed their state. A replay must read the
+state as of the end of the previous batch and leave what one run leaves. We keep the previous
+version beside the current one: every entry written during batch ``b`` is stored as
+
+    [MARK, b, attempt, present, value, previous]
+
+where ``attempt`` identifies one execution of one partition task and ``previous`` is the
+entry's state before batch ``b`` (pickled; ``b""`` when it did not exist). A reader in batch
+``b`` and attempt ``a`` sees:
+
+- an entry of an earlier batch: its value (that *is* the state before ``b``);
+- an entry of batch ``b`` written by attempt ``a``: its value (our own write);
+- an entry of batch ``b`` written by another attempt (a failed or replayed run): ``previous``;
+- an entry of a later batch: an error, since batch ids only move forward.
+
+A replay therefore recomputes from the pre-batch state whatever the first attempt flushed, and
+no publish step or undo log is needed: the cost is one tuple per entry and one pickle of the
+pre-batch value per key and batch (taken when the key is first read, so an in-place mutation of
+the returned object cannot destroy it). The rejected alternative, staging per (batch, partition)
+and publishing on commit, costs a second write of every changed entry and a lookup in two
+namespaces on every read.
+
+Replays are only exact for deterministic partition functions over replayable sources, which is
+Spark's own condition for exactly-once output.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable, Hashable, Iterable, Iterator
+
+import cloudpickle
+
+from mlcache.errors import CacheError
+
+__all__ = ["MARK", "BatchView", "PlainView", "unwrap", "ReplayError"]
+
+MARK = "\x00mlcache.v1"
+_ABSENT = b""
+_MISSING = object()
+
+
+class ReplayError(CacheError):
+    """State carries a newer batch id than the batch being run (batch ids went backwards)."""
+
+
+def _snapshot(present: bool, value: Any) -> bytes:
+    if not present:
+        return _ABSENT
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return cloudpickle.dumps(value)
+
+
+def _restore(data: bytes) -> tuple[bool, Any]:
+    if not data:
+        return False, None
+    return True, pickle.loads(data)
+
+
+def _is_record(rec: Any) -> bool:
+    return isinstance(rec, (list, tuple)) and len(rec) == 6 and rec[0] == MARK
+
+
+def unwrap(rec: Any) -> tuple[bool, Any]:
+    """The latest (present, value) of a stored entry, versioned or not (driver-side reads)."""
+    if rec is _MISSING or rec is None:
+        return False, None
+    if _is_record(rec):
+        return bool(rec[3]), rec[4]
+    return True, rec
+
+
+class PlainView:
+    """A namespace used directly: plain partition jobs with no batch id."""
+
+    versioned = False
+
+    def __init__(self, ns: Any) -> None:
+        self.ns = ns
+        self._written: dict[Hashable, None] = {}
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        return self.ns.get(key, default)
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self.ns.put(key, value)
+        self._written[key] = None
+
+    def delete(self, key: Hashable) -> None:
+        self.ns.delete(key)
+        self._written[key] = None
+
+    def contains(self, key: Hashable) -> bool:
+        return self.ns.contains(key)
+
+    def keys(self) -> Iterator[Hashable]:
+        return iter(self.ns.keys())
+
+    def written(self) -> list[Hashable]:
+        return list(self._written)
+
+    def changes(self) -> Iterator[tuple[Hashable, Any, Any]]:
+        # Without a batch there is no "before" to report: old is None.
+        for key in self._written:
+            yield key, self.ns.get(key), None
+
+
+class BatchView:
+    """A namespace seen from one attempt of one micro-batch (see the module docstring)."""
+
+    versioned = True
+
+    def __init__(self, ns: Any, batch_id: int, attempt: str) -> None:
+        self.ns = ns
+        self.batch = int(batch_id)
+        self.attempt = attempt
+        self._before: dict[Hashable, bytes] = {}   # key -> pre-batch snapshot, first touch
+        self._written: dict[Hashable, None] = {}
+
+    def _read(self, key: Hashable) -> tuple[bool, Any]:
+        rec = self.ns.get(key, _MISSING)
+        if rec is _MISSING or rec is None:
+            present, value = False, None
+            if key not in self._before:
+                self._before[key] = _ABSENT
+            return present, value
+        if not _is_record(rec):
+            raise ReplayError(f"entry {key!r} was written without a batch id; a state used with "
+                              "foreach_batch must always be written through it", key=key)
+        batch, attempt = rec[1], rec[2]
+        if batch == self.batch and attempt == self.attempt:
+            return bool(rec[3]), rec[4]
+        if batch == self.batch:          # another attempt of this batch: start from before it
+            if key not in self._before:
+                self._before[key] = rec[5]
+            return _restore(rec[5])
+        if batch > self.batch:
+            raise ReplayError(f"entry {key!r} was written by batch {batch}, after batch "
+                              f"{self.batch}; batch ids must not go backwards", key=key)
+        present, value = bool(rec[3]), rec[4]
+        if key not in self._before:
+            self._before[key] = _snapshot(present, value)
+        return present, value
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        present, value = self._read(key)
+        return value if present else default
+
+    def contains(self, key: Hashable) -> bool:
+        return self._read(key)[0]
+
+    def _write(self, key: Hashable, present: bool, value: Any) -> None:
+        if key not in self._before:
+            self._read(key)
+        self.ns.put(key, [MARK, self.batch, self.attempt, int(present), value, self._before[key]])
+        self._written[key] = None
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self._write(key, True, value)
+
+    def delete(self, key: Hashable) -> None:
+        self._write(key, False, None)
+
+    def keys(self) -> Iterator[Hashable]:
+        for key in list(self.ns.keys()):
+            if self._read(key)[0]:
+                yield key
+
+    def written(self) -> list[Hashable]:
+        return list(self._written)
+
+    def changes(self) -> Iterator[tuple[Hashable, Any, Any]]:
+        """(key, new, old) once per key written in this attempt; ``None`` stands for absent."""
+        for key in self._written:
+            present, new = self._read(key)
+            had, old = _restore(self._before.get(key, _ABSENT))
+            yield key, (new if present else None), (old if had else None)
+
+
+def forward_changes(view: Any, listeners: Iterable[Callable[[Any, Any, Any], Any]]) -> int:
+    """Call every listener with each (key, new, old) of the view; returns the number of changes."""
+    listeners = list(listeners)
+    if not listeners:
+        return 0
+    n = 0
+    for key, new, old in view.changes():
+        n += 1
+        for fn in listeners:
+            fn(key, new, old)
+    return n
