@@ -101,43 +101,33 @@ class DepthController:
 
 
 def _resolve(cache: Any) -> tuple[Any, Callable[[Any], bytes]]:
-    """``(manager, encode)`` for a manager, a namespace or a structure."""
-    target = cache
-    for attr in ("_prefetch_target",):
-        fn = getattr(target, attr, None)
-        if callable(fn):
-            return fn()
-    if hasattr(target, "_load_into_heap") and hasattr(target, "_encode_key"):
-        return target, target._encode_key
-    for attr in ("_manager", "manager"):
-        m = getattr(target, attr, None)
-        if m is not None and hasattr(m, "_load_into_heap"):
-            enc = getattr(target, "_encode_key", None)
+    """``(manager, encode)`` for a manager, a namespace or a structure.
+
+    ``encode`` turns a user key into the canonical bytes the cache object itself uses (a
+    namespace or a structure prefixes its own key space); the manager owns the prefetcher.
+    """
+    fn = getattr(cache, "_prefetch_target", None)
+    if callable(fn):
+        return fn()
+    if callable(getattr(cache, "_get_prefetcher", None)):
+        return cache, cache._encode_key
+    for attr in ("manager", "_manager"):
+        m = getattr(cache, attr, None)
+        if m is None or not callable(getattr(m, "_get_prefetcher", None)):
+            continue
+        for owner in (cache, getattr(cache, "_ns", None), getattr(cache, "namespace", None)):
+            enc = getattr(owner, "_encode_key", None)
             if callable(enc):
                 return m, enc
-            ns = getattr(target, "_ns", None) or getattr(target, "namespace", None)
-            if ns is not None and hasattr(ns, "_encode_key"):
-                return m, ns._encode_key
-            return m, m._encode_key
+        return m, m._encode_key
     raise TypeError(
         "prefetching(cache=...) needs a CacheManager, a Namespace or a cacheable structure, "
         f"not {type(cache).__name__}")
 
 
 def _prefetcher(m: Any) -> Any:
-    """The manager's prefetcher, created lazily (the same one ``hint`` uses)."""
-    if not m.config.prefetch.enabled:
-        return None
-    get = getattr(m, "_get_prefetcher", None)
-    if callable(get):
-        return get()
-    p = getattr(m, "_prefetcher", None)
-    if p is None:
-        from .prefetch import Prefetcher
-
-        p = Prefetcher(m)
-        m._prefetcher = p
-    return p
+    """The manager's prefetcher (the one ``hint`` uses), or ``None`` when disabled."""
+    return m._get_prefetcher()
 
 
 class Lookahead(Iterator[Any]):

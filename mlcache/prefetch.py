@@ -362,10 +362,22 @@ class Prefetcher:
         loaded: dict = {}
         if m is not None:
             try:
-                loaded = m._load_into_heap(keys, max(ts for _, ts, _ in batch), prefetch=True)
+                # A key that became resident meanwhile needs no load, only the policy's hint
+                # (the manager would answer it from the heap, but it was not prefetched).
+                todo = []
                 for kb, ts, _ in batch:
-                    if kb in loaded:
+                    if m._resident(kb):
                         m._policy_hint(kb, ts)
+                    else:
+                        todo.append(kb)
+                if todo:
+                    # one batch = one get_many per level; the batch's latest ts goes to the
+                    # policy on insert, then each key gets its own ts as a hint
+                    loaded = m._load_into_heap(todo, max(ts for _, ts, _ in batch),
+                                               prefetch=True)
+                    for kb, ts, _ in batch:
+                        if kb in loaded:
+                            m._policy_hint(kb, ts)
             except BaseException as exc:  # a backend failure must not kill the fetch thread
                 error = exc
         now = time.perf_counter()

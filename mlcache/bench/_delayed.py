@@ -2,10 +2,11 @@
 
 ``DelayedLevelConfig(inner=DiskConfig(...), delay=Delay(0.002))`` builds the inner level and
 wraps it so every ``get_many`` first sleeps ``delay.seconds`` (one round trip per batch, as a
-remote store costs). ``Delay`` is a mutable holder, so a benchmark or a test can slow the
-backend down or speed it up while a manager runs. The wrapper also records which keys are
-being read right now, so a caller can check that no key is ever read twice concurrently, and
-can be told to fail reads (``Delay.fail``) to exercise error paths against the real level.
+remote store costs) and every ``put_many`` ``delay.put_seconds``. ``Delay`` is a mutable holder,
+so a benchmark or a test can slow the backend down or speed it up while a manager runs. The
+wrapper also records which keys are being read right now, so a caller can check that no key is
+ever read twice concurrently, and can be told to fail reads (``Delay.fail``) to exercise error
+paths against the real level.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ __all__ = ["Delay", "DelayedLevelConfig", "DelayedLevel"]
 class Delay:
     """Mutable knobs shared by a config and the level it built."""
 
-    def __init__(self, seconds: float = 0.0) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float = 0.0, put_seconds: float = 0.0) -> None:
+        self.seconds = seconds            # before every get_many
+        self.put_seconds = put_seconds    # before every put_many (slow write-back)
         # fail(keys) -> True makes that get_many raise LevelUnavailableError
         self.fail: Callable[[Sequence[bytes]], bool] | None = None
         self.reads = 0                 # get_many calls
@@ -105,6 +107,8 @@ class DelayedLevel:
                         d._active[k] = n
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> Any:
+        if self.delay.put_seconds > 0:
+            time.sleep(self.delay.put_seconds)
         return self.inner.put_many(items)
 
     def delete_many(self, keys: Sequence[bytes]) -> None:

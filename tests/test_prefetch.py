@@ -1,0 +1,320 @@
+"""Keyed prefetching against the real manager, real Redis and real disk levels.
+
+Delays and failures are injected with ``DelayedLevelConfig``: a wrapper around a real level that
+sleeps (or raises) before reading, never a mock. No test asserts on wall-clock time; waits poll
+the prefetcher's state with a generous bound.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
+from mlcache.bench._delayed import Delay, DelayedLevelConfig
+from mlcache.errors import LevelUnavailableError
+from mlcache.prefetch import Prefetcher, RecordKeyError, prefetching
+
+
+def _disk_config(tmp_path, delay=None, *, entries=1000, policy="lru", ns="t", **pf):
+    level = DiskConfig(path=str(tmp_path / "disk"))
+    if delay is not None:
+        level = DelayedLevelConfig(inner=level, delay=delay)
+    return CacheConfig(heap=HeapConfig(policy=policy, max_entries=entries, max_bytes=None),
+                       levels=(level,), namespace=ns, prefetch=PrefetchConfig(**pf))
+
+
+def _fill(config, items):
+    with CacheManager(config) as m:
+        m.put_many(items)
+        m.checkpoint()
+
+
+def _prefetcher(m) -> Prefetcher:
+    p = getattr(m, "_prefetcher", None)
+    assert isinstance(p, Prefetcher)
+    return p
+
+
+def _wait_idle(p: Prefetcher, bound: float = 30.0) -> None:
+    end = time.monotonic() + bound
+    while (p._buffer.pending or p._buffer.inflight) and time.monotonic() < end:
+        time.sleep(0.005)
+    assert not p._buffer.pending and not p._buffer.inflight
+
+
+def test_hinted_keys_are_resident_before_use(tmp_path):
+    delay = Delay(0.002)
+    cfg = _disk_config(tmp_path, delay, entries=500, hot_threshold=16, batch_size=16)
+    _fill(cfg, [(f"k{i}", {"v": i}) for i in range(200)])
+    with CacheManager(cfg) as m:
+        for i in range(100):
+            m.hint(f"k{i}", i)
+        p = _prefetcher(m)
+        _wait_idle(p)
+        assert all(m._resident(m._encode_key(f"k{i}")) for i in range(100))
+        # batched: one read per batch of up to 16 keys, never one per key
+        assert delay.reads <= 100 // 16 + p.config.fetch_threads * 2 + 1
+        reads = delay.reads
+        assert [m.get(f"k{i}")["v"] for i in range(100)] == list(range(100))
+        assert delay.reads == reads  # every use was a heap hit
+
+
+def test_operator_prefetches_before_use_when_slack_allows(tmp_path, redis_url):
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=400, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="pf1"),), namespace="op",
+                      prefetch=PrefetchConfig(hot_threshold=16))
+    _fill(cfg, [(i, i * 10) for i in range(300)])
+    with CacheManager(cfg) as m:
+        it = prefetching(range(300), key=lambda r: r, cache=m, depth=16)
+        p = _prefetcher(m)
+        out = []
+        for r in it:
+            # record 0 is hinted and used at once (no slack); every later record was hinted
+            # 16 records earlier and the step below leaves the fetch time to land
+            if r > 0:
+                assert m._resident(m._encode_key(r))
+            out.append(m.get(r))
+            _wait_idle(p)                    # the slack: this record's processing time
+        assert out == [i * 10 for i in range(300)]
+        st = m.stats()["prefetch"]
+        assert st["useful"] == 299 and st["late"] == 1
+        assert st["depth"] == 16 and st["sent"] == 300
+
+
+def test_no_key_is_fetched_twice_concurrently(tmp_path):
+    delay = Delay(0.02)
+    cfg = _disk_config(tmp_path, delay, entries=2000, hot_threshold=16, batch_size=8)
+    keys = [f"k{i}" for i in range(64)]
+    _fill(cfg, [(k, k.upper()) for k in keys])
+    with CacheManager(cfg) as m:
+        for k in keys:
+            m.hint(k, 0)
+        results: list[list] = [[], [], []]
+
+        def demand(out):
+            out.extend(m.get(k) for k in keys)
+
+        threads = [threading.Thread(target=demand, args=(out,)) for out in results]
+        for t in threads:
+            t.start()
+        for k in keys:          # re-hints while fetches are in flight
+            m.hint(k, 1)
+        for t in threads:
+            t.join()
+        _wait_idle(_prefetcher(m))
+        assert results == [[k.upper() for k in keys]] * 3
+        assert delay.concurrent_duplicates == 0
+        assert delay.keys_read == len(keys)   # each key read from the level exactly once
+
+
+def test_hint_never_overwrites_a_newer_dirty_value(tmp_path):
+    delay = Delay(0.05)
+    cfg = _disk_config(tmp_path, delay, entries=100, hot_threshold=16)
+    _fill(cfg, [("a", "old"), ("b", "old")])
+    with CacheManager(cfg) as m:
+        m.put("a", "new")                 # dirty in the heap: the hint only tells the policy
+        m.hint("a", 1)
+        m.hint("b", 1)
+        p = _prefetcher(m)
+        kb = m._encode_key("b")
+        end = time.monotonic() + 10
+        while p._buffer.state(kb) is None and kb not in p._landed and time.monotonic() < end:
+            time.sleep(0.001)
+        m.put("b", "new")                 # written while the prefetch of b is (likely) in flight
+        _wait_idle(p)
+        assert m.get("a") == "new" and m.get("b") == "new"
+        m.checkpoint()
+    with CacheManager(cfg) as m2:
+        assert m2.get("a") == "new" and m2.get("b") == "new"
+
+
+def test_eviction_buffer_round_trip_without_io(tmp_path):
+    delay = Delay(0.0, put_seconds=0.3)   # slow write-back keeps victims in the eviction buffer
+    cfg = _disk_config(tmp_path, delay, entries=4, hot_threshold=16)
+    with CacheManager(cfg) as m:
+        m.put("x", {"payload": 1})
+        for i in range(8):                # push x out of the heap; it is dirty, so it is buffered
+            m.put(f"filler{i}", i)
+        reads = delay.reads
+        m.hint("x", 1)
+        p = _prefetcher(m)
+        _wait_idle(p)
+        assert m._resident(m._encode_key("x"))
+        assert m.get("x") == {"payload": 1}
+        assert delay.reads == reads       # rescued from the eviction buffer, no level read
+        assert m.stats()["writeback"]["buffer_hits"] >= 1
+
+
+def test_lateness_drops_hints_for_records_already_passed(tmp_path):
+    cfg = _disk_config(tmp_path, None, entries=1000, hot_threshold=16, lateness=5.0)
+    _fill(cfg, [(i, i) for i in range(120)])
+    with CacheManager(cfg) as m:
+        events = [(i, float(i)) for i in range(100)] + [(110, 10.0)]   # one straggler
+        out = [m.get(k) for k, _ in prefetching(events, key=lambda e: e[0], ts=lambda e: e[1],
+                                                cache=m, depth=4)]
+        assert out == [k for k, _ in events]
+        p = _prefetcher(m)
+        assert p.counters["dropped_late"] >= 1
+        assert m._prefetcher.hint(m._encode_key(111), 1.0) == "late"
+        assert m.stats()["prefetch"]["dropped_late"] >= 2
+
+
+def _paced(records, delay: Delay, phases):
+    """Yield records, switching the backend delay at the given record counts."""
+    for i, r in enumerate(records):
+        for at, seconds in phases:
+            if i == at:
+                delay.seconds = seconds
+        yield r
+
+
+def test_adaptive_depth_follows_backend_delay(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=300, hot_threshold=16, batch_size=32)
+    n = 4500
+    _fill(cfg, [(i, i) for i in range(n)])
+    with CacheManager(cfg) as m:
+        phases = [(0, 0.0), (1500, 0.03), (3000, 0.0)]
+        it = prefetching(_paced(range(n), delay, phases), key=lambda r: r, cache=m)
+        depth_at = {}
+        for r in it:
+            time.sleep(0.0003)            # the stateful step's own work
+            assert m.get(r) == r
+            if r in (1499, 2999, n - 1):
+                depth_at[r] = it.depth
+        fast1, slow, fast2 = depth_at[1499], depth_at[2999], depth_at[n - 1]
+        assert slow > fast1, it.controller.history
+        assert fast2 < slow, it.controller.history
+
+
+def _ysb_job(m, events, use_prefetch):
+    """A stateful job: enrich with campaign metadata, count views per campaign in the cache."""
+    src = prefetching(events, key=lambda e: ("ad", e[0]), ts=lambda e: e[2], cache=m) \
+        if use_prefetch else iter(events)
+    seen = []
+    for ad, kind, t in src:
+        meta = m.get(("ad", ad), ts=t)
+        seen.append((ad, meta["campaign"]))
+        if kind == "view":
+            ck = ("views", meta["campaign"])
+            m.put(ck, m.get(ck, 0) + 1)
+    m.flush()
+    return seen
+
+
+def test_results_equal_a_run_without_prefetching(tmp_path, redis_url):
+    import random
+
+    rng = random.Random(3)
+    ads = 2000
+    events = [(int(rng.paretovariate(1.0)) % ads, rng.choice(["view", "click"]), i)
+              for i in range(4000)]
+    runs = []
+    for use in (False, True):
+        cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=150, max_bytes=None),
+                          levels=(RedisConfig(url=redis_url, prefix=f"eq{use}"),),
+                          namespace="eq", prefetch=PrefetchConfig(enabled=use))
+        _fill(cfg, [(("ad", a), {"campaign": a % 37}) for a in range(ads)])
+        with CacheManager(cfg) as m:
+            seen = _ysb_job(m, events, use)
+            views = {c: m.get(("views", c)) for c in range(37)}
+            runs.append((seen, views))
+    assert runs[0] == runs[1]
+    expected = Counter(a % 37 for a, kind, _ in events if kind == "view")
+    assert {c: v for c, v in runs[1][1].items() if v} == dict(expected)
+
+
+def test_bad_key_errors_name_the_record_index(tmp_path):
+    cfg = _disk_config(tmp_path, None)
+    with CacheManager(cfg) as m:
+        records = [{"k": 1}, {"k": 2}, {}, {"k": 4}]
+        it = prefetching(records, key=lambda r: r["k"], cache=m, depth=8)
+        assert next(it) == {"k": 1} and next(it) == {"k": 2}   # earlier records still come out
+        with pytest.raises(RecordKeyError, match="record 2") as info:
+            next(it)
+        assert info.value.index == 2 and isinstance(info.value.__cause__, KeyError)
+
+        it = prefetching([1, [2], 3], key=lambda r: r, cache=m)
+        assert next(it) == 1
+        with pytest.raises(RecordKeyError, match=r"record 1.*list"):
+            next(it)
+
+
+def test_prefetch_failure_falls_back_to_demand_fetch(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16)
+    _fill(cfg, [(i, -i) for i in range(200)])
+    delay.fail = lambda keys: threading.current_thread().name.startswith("mlcache-prefetch")
+    with CacheManager(cfg) as m:
+        out = [m.get(r) for r in prefetching(range(200), key=lambda r: r, cache=m, depth=32)]
+        assert out == [-i for i in range(200)]
+        assert m.stats()["prefetch"]["failures"] >= 1
+
+
+def test_failure_surfaces_when_demand_fetch_fails_too(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16)
+    _fill(cfg, [(i, i) for i in range(50)])
+    with CacheManager(cfg) as m:
+        delay.fail = lambda keys: True
+        it = prefetching(range(50), key=lambda r: r, cache=m, depth=8)
+        p = None
+        with pytest.raises(LevelUnavailableError, match=r"record \d+") as info:
+            for r in it:
+                p = p or _prefetcher(m)
+                _wait_idle(p)
+        assert info.value.prefetch_error is not None
+        delay.fail = None
+
+
+def test_hot_filter_drops_hints_for_frequent_keys(tmp_path):
+    cfg = _disk_config(tmp_path, None, entries=1000, hot_threshold=3)
+    _fill(cfg, [("hot", 1), ("cold", 2)])
+    with CacheManager(cfg) as m:
+        p = Prefetcher(m)
+        try:
+            outcomes = [p.hint(m._encode_key("hot"), i) for i in range(10)]
+            assert outcomes[:3] != ["hot"] * 3 and outcomes[-1] == "hot"
+            assert p.counters["dropped_hot"] >= 6
+            assert p.hint(m._encode_key("cold"), 0) in ("queued", "resident")
+        finally:
+            p.close()
+
+
+def test_demand_fetch_has_priority_over_prefetch_batches(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16)
+    _fill(cfg, [(i, i) for i in range(20)])
+    with CacheManager(cfg) as m:
+        m.hint(0, 0)
+        p = _prefetcher(m)
+        _wait_idle(p)
+        reads = delay.reads
+        with p.demand():
+            for i in range(1, 20):
+                m.hint(i, 0)
+            time.sleep(0.1)
+            assert delay.reads == reads and len(p._buffer.pending) == 19   # held back
+        _wait_idle(p)
+        assert all(m._resident(m._encode_key(i)) for i in range(20))
+
+
+def test_close_stops_fetch_threads_and_stats_are_exposed(tmp_path):
+    cfg = _disk_config(tmp_path, None, entries=1000, hot_threshold=16)
+    _fill(cfg, [(i, i) for i in range(10)])
+    m = CacheManager(cfg)
+    for i in range(10):
+        m.hint(i, i)
+    p = _prefetcher(m)
+    _wait_idle(p)
+    threads = list(p._threads)
+    st = m.stats()["prefetch"]
+    for name in ("hints", "sent", "dropped_hot", "dropped_late", "useful", "wasted", "late",
+                 "slack_ms", "fetch_latency_ms", "depth", "pending", "inflight"):
+        assert name in st
+    assert st["sent"] == 10 and st["prefetched"] == 10
+    m.close()
+    assert threads and not any(t.is_alive() for t in threads)
