@@ -1,0 +1,666 @@
+"""Sliding windows bigger than memory: SlideM and Shared SlideM (SSM).
+
+``SlidingWindow(range)`` keeps the tuples of one time- or count-based window in a block
+repository (:mod:`._window_blocks`): the recent block being filled and the ancient block being
+expired stay in memory, everything in between lives in a data file, and the SlideM policy decides
+what leaves the buffer pool. Aggregates (count, sum, avg, var, optionally min/max, optionally per
+group) are updated on arrival and on expiry and are exact at every slide.
+
+``SharedWindows([r1, r2, ...])`` serves several windows over one stream from one repository: a
+tuple is written once and purged only when the largest window expires it, and each window keeps
+its own ancient block and aggregates.
+
+Event time is non-decreasing up to ``lateness``: a tuple behind the watermark by at most
+``lateness`` is kept in a small in-memory heap (so blocks stay sorted by time and expiry stays a
+binary search), a later one raises ``ValueError`` or, with ``on_late="drop"``, is counted and
+dropped. See docs/tutorials/windows-bigger-than-memory.md and docs/implementation/slidem.md.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import operator
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Hashable, Iterable, Sequence
+
+import msgpack
+import numpy as np
+
+from mlcache.errors import ConfigError
+
+from ._window_agg import Aggregate, GroupTable, WindowState, extremes, partial
+from ._window_blocks import BlockRepository, GeneralCodec, NumericCodec
+
+__all__ = ["SlidingWindow", "SharedWindows", "Aggregate"]
+
+_META = "window.meta"
+_DATA = "window.data"
+_F8 = np.float64
+
+
+class _Windows:
+    """The engine shared by :class:`SlidingWindow` and :class:`SharedWindows`."""
+
+    def __init__(self, ranges: Sequence[float], *, kind: str = "time", slide: float | None = None,
+                 on_slide: Callable[[float, Any], None] | None = None,
+                 columns: Sequence[str] | None = None, value: Any = None, weight: Any = None,
+                 group_by: Any = None, minmax: bool = False, block_size: int = 65536,
+                 buffer_blocks: int = 2, directory: str | os.PathLike | None = None,
+                 lateness: float = 0.0, on_late: str = "raise") -> None:
+        self._validate(ranges, kind, slide, block_size, lateness, on_late)
+        self.kind = kind
+        self.ranges = [float(r) if kind == "time" else int(r) for r in ranges]
+        self.slide = int(slide) if kind == "count" and slide is not None else slide
+        self.on_slide = on_slide
+        self.block_size = int(block_size)
+        self.lateness = float(lateness)
+        self.on_late = on_late
+        self.minmax = bool(minmax)
+        self.late_accepted = 0
+        self.late_dropped = 0
+        self._late_seq = 0
+        if columns is not None:
+            self.columns: tuple[str, ...] | None = tuple(columns)
+            self._codec: Any = NumericCodec(self.columns, self.block_size)
+            self._vi, self._wi, self._gi = (self._column(f, n) for f, n in
+                                            ((value, "value"), (weight, "weight"),
+                                             (group_by, "group_by")))
+        else:
+            self.columns = None
+            self._codec = GeneralCodec(self.block_size)
+            self._vf, self._wf, self._gf = (_getter(f) for f in (value, weight, group_by))
+        self._has_value = value is not None
+        self._grouped = group_by is not None
+        self._groups: GroupTable | None = GroupTable(columns is not None) if self._grouped else None
+        self._wins = [WindowState(r, self.minmax) for r in self.ranges]
+        self._own_dir = directory is None
+        self.directory = (tempfile.mkdtemp(prefix="mlcache-window-") if directory is None
+                          else os.fspath(directory))
+        os.makedirs(self.directory, exist_ok=True)
+        meta_path = os.path.join(self.directory, _META)
+        reopening = os.path.exists(meta_path)
+        if not reopening:  # a fresh window never inherits a stale data file
+            with open(os.path.join(self.directory, _DATA), "wb"):
+                pass
+        self._repo = BlockRepository(os.path.join(self.directory, _DATA), self.block_size,
+                                     buffer_blocks, self._codec)
+        self._wm = -math.inf
+        self._next_slide = math.inf
+        self._oldest = 0
+        self._cur = self._codec.new_block(0, 0)
+        self._closed = False
+        if reopening:
+            self._load(meta_path)
+        elif slide is not None:  # a time grid is fixed by the first tuple
+            self._next_slide = int(slide) if kind == "count" else -math.inf
+        for i, w in enumerate(self._wins):
+            self._repo.policy.set_cursor(i, w.seq)
+        self.append = self._pick_append()
+
+    # -- validation --------------------------------------------------------------------------
+    @staticmethod
+    def _validate(ranges: Sequence[float], kind: str, slide: float | None, block_size: int,
+                  lateness: float, on_late: str) -> None:
+        if kind not in ("time", "count"):
+            raise ConfigError("kind", f"must be 'time' or 'count', got {kind!r}")
+        if not ranges:
+            raise ConfigError("ranges", "at least one window range is needed")
+        for r in ranges:
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+                raise ConfigError("range", f"must be a positive number, got {r!r}")
+            if kind == "count" and int(r) != r:
+                raise ConfigError("range", f"a count window needs an integer range, got {r!r}")
+        if slide is not None and (not isinstance(slide, (int, float)) or not slide > 0):
+            raise ConfigError("slide", f"must be a positive number, got {slide!r}")
+        if kind == "count" and slide is not None and int(slide) != slide:
+            raise ConfigError("slide", f"a count window slides by whole tuples, got {slide!r}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 64:
+            raise ConfigError("block_size", f"must be an integer >= 64 bytes, got {block_size!r}")
+        if not lateness >= 0:
+            raise ConfigError("lateness", f"must be >= 0, got {lateness!r}")
+        if on_late not in ("raise", "drop"):
+            raise ConfigError("on_late", f"must be 'raise' or 'drop', got {on_late!r}")
+
+    def _column(self, spec: Any, what: str) -> int | None:
+        assert self.columns is not None
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            if spec not in self.columns:
+                raise ConfigError(what, f"{spec!r} is not one of the columns {self.columns}")
+            return self.columns.index(spec)
+        if isinstance(spec, int) and 0 <= spec < len(self.columns):
+            return spec
+        raise ConfigError(what, f"must name a column of {self.columns}, got {spec!r}")
+
+    # -- arrival ------------------------------------------------------------------------------
+    def append(self, record: Any, ts: float | None = None) -> None:
+        """Add one tuple (``ts``: its event time; optional for count windows)."""
+        self._pick_append()(record, ts)
+
+    def _pick_append(self) -> Callable[..., None]:
+        if self.columns is None:
+            return self._append_general
+        return self._append_time if self.kind == "time" else self._append_count
+
+    def _append_time(self, record: Sequence[float], ts: float) -> None:
+        """Add one tuple with event time ``ts`` (the per-event path: a few numpy stores)."""
+        try:
+            if ts < self._wm:
+                return self._late(record, ts)
+        except TypeError:
+            raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+        if ts > self._next_slide:
+            self._slide_to(ts)
+        self._wm = ts
+        cur = self._cur
+        i = cur.n
+        try:
+            cur.data[i] = record
+        except (ValueError, TypeError):
+            raise self._bad_record(record) from None
+        cur.ts[i] = ts
+        cur.n = i + 1
+        if i + 1 == self._codec.capacity:
+            self._seal()
+
+    def _append_count(self, record: Sequence[float], ts: float | None = None) -> None:
+        cur = self._cur
+        i = cur.n
+        try:
+            cur.data[i] = record
+        except (ValueError, TypeError):
+            raise self._bad_record(record) from None
+        cur.ts[i] = 0.0 if ts is None else ts
+        cur.n = i + 1
+        if i + 1 == self._codec.capacity:
+            self._seal()
+        if cur.start + i + 1 >= self._next_slide:
+            self._slide_count()
+
+    def _append_general(self, record: Any, ts: float | None = None) -> None:
+        if self.kind == "time":
+            try:
+                if ts < self._wm:  # type: ignore[operator]
+                    return self._late(record, ts)
+            except TypeError:
+                raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+            if ts > self._next_slide:  # type: ignore[operator]
+                self._slide_to(ts)  # type: ignore[arg-type]
+            self._wm = ts  # type: ignore[assignment]
+        size = self._codec.record_size(record)
+        if self._cur.nbytes + size > self.block_size:
+            self._seal()
+        cur = self._cur
+        cur.ts.append(0.0 if ts is None else float(ts))
+        cur.data.append(record)
+        cur.nbytes += size
+        cur.n += 1
+        if self.kind == "count" and cur.start + cur.n >= self._next_slide:
+            self._slide_count()
+
+    def _bad_record(self, record: Any) -> ValueError:
+        assert self.columns is not None
+        return ValueError(f"a record of this window is {len(self.columns)} numbers "
+                          f"{self.columns}, got {record!r}")
+
+    def extend(self, batch: Any, ts: Any = None) -> None:
+        """Add many tuples: ``extend(records, ts)`` with parallel sequences or numpy arrays (the
+        vectorised path for numeric windows), or ``extend(pairs)`` of ``(record, ts)``."""
+        if ts is None and self.kind == "time":
+            pairs = list(batch)
+            batch = [p[0] for p in pairs]
+            ts = [p[1] for p in pairs]
+        if self.columns is None:
+            tss = [None] * len(batch) if ts is None else ts
+            for rec, t in zip(batch, tss):
+                self.append(rec, t)
+            return
+        rows = np.asarray(batch, _F8)
+        n = len(rows)
+        if n == 0:
+            return
+        if rows.ndim == 1 and len(self.columns) == 1:
+            rows = rows.reshape(n, 1)
+        if rows.ndim != 2 or rows.shape[1] != len(self.columns):
+            raise ValueError(f"extend() needs records of {len(self.columns)} numbers "
+                             f"{self.columns}, got an array of shape {rows.shape}")
+        tsa = np.zeros(n, _F8) if ts is None else np.asarray(ts, _F8).reshape(-1)
+        if len(tsa) != n:
+            raise ValueError(f"extend() got {n} records and {len(tsa)} timestamps")
+        if self.kind == "count":
+            self._ingest_count(rows, tsa)
+            return
+        if np.isnan(tsa).any():
+            raise ValueError("a time window needs numeric timestamps, got NaN")
+        prev = np.maximum(np.maximum.accumulate(np.r_[self._wm, tsa[:-1]]), self._wm)
+        late = np.flatnonzero(tsa < prev)
+        if len(late) == 0:
+            self._ingest_time(rows, tsa)
+            return
+        too_late = late[tsa[late] < prev[late] - self.lateness]
+        if len(too_late) and self.on_late == "raise":
+            i = int(too_late[0])
+            raise self._late_error(float(tsa[i]), float(prev[i]))
+        pos = 0
+        for i in late.tolist():  # in-order runs go the vectorised way, late tuples one by one
+            if i > pos:
+                self._ingest_time(rows[pos:i], tsa[pos:i])
+            self._late(tuple(rows[i].tolist()), float(tsa[i]))
+            pos = i + 1
+        if pos < n:
+            self._ingest_time(rows[pos:], tsa[pos:])
+
+    def _ingest_time(self, rows: np.ndarray, tsa: np.ndarray) -> None:
+        pos, n = 0, len(rows)
+        while pos < n:
+            end = n
+            if self._next_slide < math.inf:  # stop at the next slide boundary
+                end = pos + int(np.searchsorted(tsa[pos:], self._next_slide, "right"))
+            if end > pos:
+                self._wm = float(tsa[end - 1])
+                self._store(rows[pos:end], tsa[pos:end])
+                self._expire()
+            if end < n:
+                self._slide_to(float(tsa[end]))
+            pos = end
+
+    def _ingest_count(self, rows: np.ndarray, tsa: np.ndarray) -> None:
+        pos, n = 0, len(rows)
+        while pos < n:
+            total = self._cur.start + self._cur.n
+            end = n if self._next_slide == math.inf else min(n, pos + self._next_slide - total)
+            self._store(rows[pos:end], tsa[pos:end])
+            self._expire()
+            pos = end
+            if self._cur.start + self._cur.n >= self._next_slide:
+                self._slide_count()
+
+    def _store(self, rows: np.ndarray, tsa: np.ndarray) -> None:
+        """Copy a batch into blocks; its partial aggregate goes to every window at once."""
+        self._apply_pending()
+        p = self._partial(tsa, rows, 0, len(rows))
+        for w in self._wins:
+            w.add(p)
+        cap = self._codec.capacity
+        pos, n = 0, len(rows)
+        while pos < n:
+            cur = self._cur
+            k = min(cap - cur.n, n - pos)
+            cur.ts[cur.n: cur.n + k] = tsa[pos: pos + k]
+            cur.data[cur.n: cur.n + k] = rows[pos: pos + k]
+            cur.n += k
+            cur.applied = cur.n
+            pos += k
+            if cur.n == cap:
+                self._seal(expire=False)
+
+    def _late(self, record: Any, ts: float) -> None:
+        if ts < self._wm - self.lateness:
+            if self.on_late == "drop":
+                self.late_dropped += 1
+                return
+            raise self._late_error(ts, self._wm)
+        if self.columns is not None:
+            row = np.asarray(record, _F8).reshape(1, -1)
+            if row.shape[1] != len(self.columns):
+                raise self._bad_record(record)
+            record = tuple(row[0].tolist())
+            p = self._partial(np.array([ts]), row, 0, 1)
+        else:
+            self._codec.record_size(record)
+            p = self._partial(np.array([ts]), [record], 0, 1)
+        self.late_accepted += 1
+        self._late_seq += 1
+        for w in self._wins:
+            if self.kind == "count" or ts > self._wm - w.range:
+                w.add(p)
+                heapq.heappush(w.late, (ts, self._late_seq, record))
+
+    def _late_error(self, ts: float, wm: float) -> ValueError:
+        return ValueError(f"timestamp {ts!r} is {wm - ts:g} behind the watermark {wm!r}, beyond "
+                          f"the allowed lateness of {self.lateness:g} (set lateness= to accept "
+                          f"it, or on_late='drop' to count and drop such tuples)")
+
+    # -- blocks -------------------------------------------------------------------------------
+    def _partial(self, ts: Any, data: Any, lo: int, hi: int) -> Any:
+        if self.columns is not None:
+            rows = data[lo:hi]
+            vals = rows[:, self._vi] if self._vi is not None else np.zeros(hi - lo)
+            wts = rows[:, self._wi] if self._wi is not None else None
+            g = rows[:, self._gi] if self._gi is not None else None
+        else:
+            recs = data[lo:hi]
+            n = hi - lo
+            vals = (np.fromiter(map(self._vf, recs), _F8, n) if self._vf is not None
+                    else np.zeros(n))
+            wts = np.fromiter(map(self._wf, recs), _F8, n) if self._wf is not None else None
+            g = [_hashable(k) for k in map(self._gf, recs)] if self._gf is not None else None
+        return partial(vals, wts, g, self._groups)
+
+    def _apply_pending(self) -> None:
+        cur = self._cur
+        if cur.n > cur.applied:
+            p = self._partial(cur.ts, cur.data, cur.applied, cur.n)
+            for w in self._wins:
+                w.add(p)
+            cur.applied = cur.n
+
+    def _seal(self, expire: bool = True) -> None:
+        self._apply_pending()
+        cur = self._cur
+        if cur.n == 0:
+            return
+        cur.first_ts = float(cur.ts[0])
+        cur.last_ts = float(cur.ts[cur.n - 1])
+        if self.minmax:
+            codes, lo, hi = extremes(self._partial(cur.ts, cur.data, 0, cur.n))
+            for w in self._wins:
+                w.push_block(cur.seq, codes, lo, hi)
+        self._repo.add_sealed(cur)
+        self._cur = self._codec.new_block(cur.seq + 1, cur.start + cur.n)
+        if expire:
+            self._expire()
+
+    def _expire(self, now: float | None = None) -> None:
+        """Expire every window up to event time ``now`` (default: the watermark) or by count,
+        then give back the blocks the largest window has left (SlideM Procedure 2)."""
+        cur = self._cur
+        total = cur.start + cur.applied
+        for i, w in enumerate(self._wins):
+            if self.kind == "time":
+                self._expire_window(i, w, (self._wm if now is None else now) - w.range, None)
+            else:
+                self._expire_window(i, w, None, total - w.range)
+        low = min(w.seq for w in self._wins)
+        repo = self._repo
+        while self._oldest < low:
+            repo.release(self._oldest)
+            self._oldest += 1
+        repo.prefetch()
+
+    def _expire_window(self, i: int, w: WindowState, cutoff: float | None,
+                       target: int | None) -> None:
+        late = w.late
+        while late and (cutoff is not None and late[0][0] <= cutoff):
+            t, _, rec = heapq.heappop(late)
+            self._sub_one(w, rec, t)
+        cur = self._cur
+        repo = self._repo
+        while True:
+            seq, off = w.seq, w.off
+            if seq == cur.seq:
+                blk, n = cur, cur.applied
+            else:
+                blk = repo.blocks[seq]
+                n = blk.n
+            if off < n:
+                if cutoff is not None:
+                    if blk is not cur and (blk.first_ts if off == 0 else w.next_ts) > cutoff:
+                        return  # nothing due: do not read the block
+                elif blk.start + off >= target:  # type: ignore[operator]
+                    return
+                if blk is cur:
+                    ts, data = cur.ts, cur.data
+                else:
+                    ts, data = repo.get(seq)
+                if cutoff is not None:
+                    end = n if ts[n - 1] <= cutoff else off + int(
+                        np.searchsorted(ts[off:n], cutoff, "right"))
+                else:
+                    end = min(n, target - blk.start)  # type: ignore[operator]
+                if end > off:
+                    w.add(self._partial(ts, data, off, end), -1)
+                    w.off = end
+                if end < n:
+                    w.next_ts = float(ts[end])
+                    return
+            if seq == cur.seq:
+                return
+            w.seq, w.off = seq + 1, 0
+            repo.policy.set_cursor(i, seq + 1)
+
+    def _sub_one(self, w: WindowState, rec: Any, t: float) -> None:
+        if self.columns is not None:
+            w.add(self._partial(np.array([t]), np.asarray([rec], _F8), 0, 1), -1)
+        else:
+            w.add(self._partial(np.array([t]), [rec], 0, 1), -1)
+
+    # -- slides ---------------------------------------------------------------------------------
+    def _slide_to(self, ts: float) -> None:
+        """Emit every slide boundary ``e < ts``: the window ``(e - range, e]`` is complete."""
+        self._apply_pending()
+        if self._next_slide == -math.inf:  # the first tuple fixes the grid of boundaries
+            self._next_slide = math.ceil(ts / self.slide) * self.slide  # type: ignore[operator]
+            return
+        while ts > self._next_slide:
+            e = self._next_slide
+            self._expire(e)
+            self._emit(e)
+            self._next_slide = e + self.slide  # type: ignore[operator]
+
+    def _slide_count(self) -> None:
+        self._apply_pending()
+        self._expire()
+        total = self._cur.start + self._cur.n
+        self._emit(total)
+        self._next_slide = (total // self.slide + 1) * self.slide  # type: ignore[operator]
+
+    def _emit(self, end: float) -> None:
+        if self.on_slide is not None:
+            self.on_slide(end, self._emit_value())
+
+    def _emit_value(self) -> Any:
+        return [self._result(w) for w in self._wins]
+
+    # -- results ----------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        self._check_open()
+        self._apply_pending()
+        self._expire()
+
+    def _result(self, w: WindowState) -> Any:
+        exact = self._exact_extremes(w) if self.minmax else {}
+        if not self._grouped:
+            lo, hi = self._combine(w, 0, exact)
+            return w.result(0, lo, hi)
+        assert self._groups is not None
+        out = {}
+        for c in w.live_codes():
+            lo, hi = self._combine(w, c, exact)
+            out[self._groups.key(c)] = w.result(c, lo, hi)
+        return out
+
+    def _combine(self, w: WindowState, code: int, exact: dict) -> tuple[Any, Any]:
+        if not self.minmax:
+            return None, None
+        lo, hi = w.block_extreme(code)
+        elo, ehi = exact.get(code, (None, None))
+        lo = elo if lo is None else (lo if elo is None else min(lo, elo))
+        hi = ehi if hi is None else (hi if ehi is None else max(hi, ehi))
+        return lo, hi
+
+    def _exact_extremes(self, w: WindowState) -> dict[int, tuple[float, float]]:
+        """Per group min/max over the live part of the ancient block, the recent block and the
+        late tuples — the parts no deque entry covers."""
+        cur = self._cur
+        parts = []
+        if w.seq == cur.seq:
+            if cur.applied > w.off:
+                parts.append(self._partial(cur.ts, cur.data, w.off, cur.applied))
+        else:
+            blk = self._repo.blocks[w.seq]
+            if blk.n > w.off:
+                ts, data = self._repo.get(w.seq)
+                parts.append(self._partial(ts, data, w.off, blk.n))
+            if cur.applied:
+                parts.append(self._partial(cur.ts, cur.data, 0, cur.applied))
+        for t, _, rec in w.late:
+            data = np.asarray([rec], _F8) if self.columns is not None else [rec]
+            parts.append(self._partial(np.array([t]), data, 0, 1))
+        out: dict[int, tuple[float, float]] = {}
+        for p in parts:
+            for c, lo, hi in zip(*(a.tolist() for a in extremes(p))):
+                old = out.get(c)
+                out[c] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        return out
+
+    # -- accounting, persistence ------------------------------------------------------------------
+    def io_stats(self) -> dict[str, Any]:
+        """Reads, writes, bytes and their rates, pool memory, live blocks, late tuples."""
+        stats = self._repo.stats()
+        stats.update(late_accepted=self.late_accepted, late_dropped=self.late_dropped,
+                     tuples=self._cur.start + self._cur.n, block_capacity=self._capacity())
+        return stats
+
+    def _capacity(self) -> int:
+        return self._codec.capacity if self.columns is not None else 0
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes held in memory: the buffer pool (resident block frames) and per-group state."""
+        state = sum(w.cnt.nbytes + w.sw.nbytes + w.swv.nbytes + w.swv2.nbytes
+                    + 64 * sum(len(d) for d in w.mins.values())
+                    + 64 * sum(len(d) for d in w.maxs.values()) + 96 * len(w.late)
+                    for w in self._wins)
+        pool = self._repo.stats()["pool_bytes"]
+        return {"pool": pool, "group_state": state, "total": pool + state}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("this window is closed")
+
+    def close(self) -> None:
+        """Write the window to its directory so that reopening it continues the stream (a
+        temporary directory is removed instead)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._own_dir:
+            self._repo.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        self._apply_pending()
+        self._repo.flush()
+        meta = self._dump()
+        tmp = os.path.join(self.directory, _META + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(msgpack.packb(meta, use_bin_type=True))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(self.directory, _META))
+        self._repo.close()
+
+    def __enter__(self) -> "_Windows":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fingerprint(self) -> list:
+        return [self.kind, self.ranges, self.block_size, self._codec.kind, self.columns,
+                [getattr(self, a, None) for a in ("_vi", "_wi", "_gi")], self._grouped,
+                self.minmax, self.slide]
+
+    def _dump(self) -> dict[str, Any]:
+        cur = self._cur
+        if self.columns is not None:
+            cur_data: Any = np.ascontiguousarray(cur.data[: cur.n]).tobytes()
+            cur_ts: Any = cur.ts[: cur.n].tobytes()
+        else:
+            cur_data, cur_ts = cur.data, list(cur.ts)
+        return {
+            "version": 1, "fingerprint": self._fingerprint(), "repo": self._repo.state(),
+            "blocks_first_ts": [[b.seq, b.first_ts] for b in self._repo.blocks.values()],
+            "cur": [cur.seq, cur.start, cur.n, cur_ts, cur_data],
+            "wm": self._wm, "next_slide": self._next_slide, "oldest": self._oldest,
+            "late": [self.late_accepted, self.late_dropped, self._late_seq],
+            "groups": self._groups.keys if self._groups is not None else None,
+            "windows": [w.state() for w in self._wins],
+        }
+
+    def _load(self, path: str) -> None:
+        with open(path, "rb") as fh:
+            meta = msgpack.unpackb(fh.read(), raw=False, use_list=False, strict_map_key=False)
+        if list(map(_plain, meta["fingerprint"])) != list(map(_plain, self._fingerprint())):
+            raise ConfigError("directory", f"{self.directory} holds a window with another "
+                              f"configuration: {meta['fingerprint']!r}")
+        self._repo.restore(meta["repo"])
+        for seq, first in meta["blocks_first_ts"]:
+            self._repo.blocks[seq].first_ts = first
+        seq, start, n, cur_ts, cur_data = meta["cur"]
+        cur = self._codec.new_block(seq, start)
+        if self.columns is not None:
+            cur.ts[:n] = np.frombuffer(cur_ts, _F8, n)
+            cur.data[:n] = np.frombuffer(cur_data, _F8).reshape(n, len(self.columns))
+        else:
+            cur.ts, cur.data = [float(t) for t in cur_ts], list(cur_data)
+            cur.nbytes += sum(self._codec.record_size(r) for r in cur.data)
+        cur.n = cur.applied = n
+        self._cur = cur
+        self._wm, self._next_slide, self._oldest = meta["wm"], meta["next_slide"], meta["oldest"]
+        self.late_accepted, self.late_dropped, self._late_seq = meta["late"]
+        if self._groups is not None:
+            for k in meta["groups"]:
+                self._groups.code(k)
+        decode = (lambda r: tuple(r)) if self.columns is not None else (lambda r: r)
+        for w, st in zip(self._wins, meta["windows"]):
+            w.restore(st, decode)
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _getter(spec: Any) -> Callable[[Any], Any] | None:
+    if spec is None or callable(spec):
+        return spec
+    return operator.itemgetter(spec)
+
+
+def _hashable(k: Any) -> Hashable:
+    return tuple(_hashable(v) for v in k) if isinstance(k, list) else k
+
+
+class SlidingWindow(_Windows):
+    """One sliding window over a stream, bigger than memory (SlideM).
+
+    ``range`` is in event-time units (``kind="time"``) or tuples (``kind="count"``). Numeric
+    records (``columns=("symbol", "price", "volume")``) take the fast path; without ``columns``
+    a record is any msgpack-encodable object and ``value``/``weight``/``group_by`` are callables
+    or item keys. ``on_slide(end, result)`` is called at every slide boundary.
+    """
+
+    def __init__(self, range: float, **options: Any) -> None:
+        super().__init__([range], **options)
+
+    @property
+    def range(self) -> float:
+        return self.ranges[0]
+
+    def result(self) -> Any:
+        """The aggregates now: an :class:`Aggregate`, or ``{group: Aggregate}`` when grouped."""
+        self._refresh()
+        return self._result(self._wins[0])
+
+    def _emit_value(self) -> Any:
+        return self._result(self._wins[0])
+
+
+class SharedWindows(_Windows):
+    """Several windows of different ranges over one stream, sharing one repository (SSM).
+
+    Space is bounded by the largest window: a tuple is purged only when the largest window
+    expires it. ``results()`` and ``on_slide(end, [result per window])`` list the windows in
+    the order of ``ranges``.
+    """
+
+    def __init__(self, ranges: Iterable[float], **options: Any) -> None:
+        super().__init__(list(ranges), **options)
+
+    def results(self) -> list[Any]:
+        self._refresh()
+        return [self._result(w) for w in self._wins]

@@ -1,0 +1,133 @@
+"""SlidingWindow / SharedWindows against an exact in-memory recomputation (the oracle)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlcache.structures import Aggregate, SharedWindows, SlidingWindow
+
+COLUMNS = ("g", "v", "w")
+
+
+def exact(rows, *, grouped, minmax, weighted=True):
+    """rows: (g, v, w) tuples -> Aggregate or {g: Aggregate}, recomputed from scratch."""
+    def agg(rs):
+        if not rs:
+            return Aggregate(0, 0.0, 0.0, math.nan, math.nan, None, None)
+        ws = [r[2] if weighted else 1.0 for r in rs]
+        sw = math.fsum(ws)
+        swv = math.fsum(w * r[1] for w, r in zip(ws, rs))
+        avg = swv / sw
+        var = math.fsum(w * (r[1] - avg) ** 2 for w, r in zip(ws, rs)) / sw
+        vals = [r[1] for r in rs]
+        return Aggregate(len(rs), swv, sw, avg, var,
+                         min(vals) if minmax else None, max(vals) if minmax else None)
+
+    if not grouped:
+        return agg(rows)
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r[0], []).append(r)
+    return {g: agg(rs) for g, rs in groups.items()}
+
+
+def same(got, want):
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (got, want)
+        for k in want:
+            same(got[k], want[k])
+        return
+    assert got.count == want.count, (got, want)
+    assert got.min == want.min and got.max == want.max, (got, want)
+    for a, b in ((got.sum, want.sum), (got.weight, want.weight), (got.avg, want.avg),
+                 (got.var, want.var)):
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9,
+                                                                 abs_tol=1e-6), (got, want)
+
+
+class Oracle:
+    def __init__(self, kind, ranges):
+        self.kind, self.ranges, self.rows = kind, ranges, []
+
+    def window(self, r, end=None):
+        if self.kind == "count":
+            upto = self.rows if end is None else self.rows[:end]
+            return [row for _, row in upto[max(0, len(upto) - r):]]
+        now = max(t for t, _ in self.rows) if end is None else end
+        return [row for t, row in self.rows if now - r < t <= now]
+
+
+streams = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(-50, 50),
+                             st.integers(1, 4), st.integers(0, 3)), min_size=0, max_size=120)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=streams, kind=st.sampled_from(["time", "count"]), grouped=st.booleans(),
+       shared=st.booleans(), minmax=st.booleans(), numeric=st.booleans(),
+       block_size=st.sampled_from([64, 96, 160, 256]), buffer_blocks=st.integers(2, 4),
+       slide=st.integers(1, 5), data=st.data())
+def test_aggregates_equal_exact_recomputation_on_every_slide(
+        stream, kind, grouped, shared, minmax, numeric, block_size, buffer_blocks, slide, data,
+        tmp_path_factory):
+    ranges = data.draw(st.lists(st.integers(1, 20), min_size=2 if shared else 1,
+                                max_size=3 if shared else 1))
+    oracle = Oracle(kind, ranges)
+    emitted = []
+
+    def on_slide(end, result):
+        want = [exact(oracle.window(r, end), grouped=grouped,
+                      minmax=minmax) for r in ranges]
+        emitted.append(end)
+        same_all(result, want)
+
+    def same_all(result, want):
+        if shared:
+            assert len(result) == len(want)
+            for g, w in zip(result, want):
+                same(g, w)
+        else:
+            same(result, want[0])
+
+    opts = dict(kind=kind, slide=slide, on_slide=on_slide, group_by="g" if grouped else None,
+                minmax=minmax, block_size=block_size, buffer_blocks=buffer_blocks,
+                directory=str(tmp_path_factory.mktemp("win")))
+    if numeric:
+        opts.update(columns=COLUMNS, value="v", weight="w")
+    else:  # general records: dicts with string group keys
+        opts.update(value="v", weight="w", group_by=(lambda r: "k%d" % r["g"]) if grouped else None)
+    win = SharedWindows(ranges, **opts) if shared else SlidingWindow(ranges[0], **opts)
+
+    def rec(g, v, w):
+        return (g, v, w) if numeric else {"g": g, "v": v, "w": w}
+
+    def key(g):
+        return g if numeric else "k%d" % g
+
+    ts = 0
+    i = 0
+    while i < len(stream):
+        batch = stream[i: i + stream[i][4] + 1]
+        recs, tss = [], []
+        for dt, g, v, w, _ in batch:
+            ts += dt
+            recs.append(rec(g, v, w))
+            tss.append(float(ts))
+        # the oracle sees a tuple before any slide it triggers; a slide inside extend() compares
+        # only the tuples up to its end (time) or its count
+        if data.draw(st.booleans()):
+            for (dt, g, v, w, _), t in zip(batch, tss):
+                oracle.rows.append((t, (key(g), v, w)))
+            win.extend(recs, tss)
+        else:
+            for (dt, g, v, w, _), r, t in zip(batch, recs, tss):
+                oracle.rows.append((t, (key(g), v, w)))
+                win.append(r, t)
+        i += len(batch)
+    if oracle.rows:
+        got = win.results() if shared else [win.result()]
+        for g, r in zip(got, ranges):
+            same(g, exact(oracle.window(r), grouped=grouped, minmax=minmax))
+    win.close()
