@@ -15,6 +15,7 @@ from .dict import CacheableDict
 from .list import CacheableList
 from .quadtree import CacheableQuadtree, PlainQuadtree, Point
 from .set import CacheableSet
+from .window import Aggregate, SharedWindows, SlidingWindow
 
 __all__ = [
     "Cacheable",
@@ -27,6 +28,9 @@ __all__ = [
     "CacheableQuadtree",
     "PlainQuadtree",
     "Point",
+    "SlidingWindow",
+    "SharedWindows",
+    "Aggregate",
 ]
 
 
