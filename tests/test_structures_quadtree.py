@@ -1,0 +1,200 @@
+"""CacheableQuadtree against a brute-force list of points, and nested structures.
+
+The quadtree machine uses capacity 2 and a depth limit of 5 over a coarse coordinate grid, so
+splits, merges and stacks of duplicate points at the depth limit all happen within a few
+steps; ``verify()`` checks the tree's invariants (counts, bounds, merge threshold) after every
+step, and every query is compared with a scan of the model list.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule, run_state_machine_as_test
+
+from mlcache import CacheManager
+from mlcache.structures import CacheableList, CacheableSet, PlainQuadtree
+
+from _structures_support import LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, tiny_config
+
+BOUNDS = (0.0, 0.0, 64.0, 64.0)
+COORD = st.one_of(st.integers(0, 64).map(float), st.sampled_from([0.5, 31.99, 32.0, 63.5]))
+POINTS = st.tuples(COORD, COORD, st.integers(0, 5), st.integers(0, 20))
+
+
+def in_rect(p, x0, y0, x1, y1):
+    return x0 <= p[0] <= x1 and y0 <= p[1] <= y1
+
+
+def cell_of(p, depth):
+    x0, y0, x1, y1 = BOUNDS
+    ix = iy = 0
+    for _ in range(depth):
+        mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+        ix, x0, x1 = (2 * ix + 1, mx, x1) if p[0] >= mx else (2 * ix, x0, mx)
+        iy, y0, y1 = (2 * iy + 1, my, y1) if p[1] >= my else (2 * iy, y0, my)
+    return ix, iy
+
+
+def as_tuples(points):
+    return sorted((p.x, p.y, p.data, p.ts) for p in points)
+
+
+class QuadtreeMachine(ManagerMachine):
+    def __init__(self) -> None:
+        self.model: list[tuple] = []
+        super().__init__()
+
+    def open_structure(self, m):
+        return m.quadtree("qt", BOUNDS, capacity=2, max_depth=5)
+
+    @rule(p=POINTS)
+    def insert(self, p):
+        self.s.insert(*p)
+        self.model.append(p)
+
+    @rule(ps=st.lists(POINTS, max_size=12))
+    def insert_many(self, ps):
+        assert self.s.insert_many(ps) == len(ps)
+        self.model.extend(ps)
+
+    @rule(p=POINTS)
+    def out_of_bounds(self, p):
+        with pytest.raises(ValueError, match=r"outside the quadtree bounds \(0\.0, 0\.0, 64\.0"):
+            self.s.insert(p[0] + 64.5, p[1], p[2], p[3])
+        with pytest.raises(ValueError, match=r"point \(nan"):
+            self.s.insert_many([p, (math.nan, 1.0)])
+
+    @rule(data=st.data())
+    def remove(self, data):
+        if self.model and data.draw(st.booleans()):
+            p = data.draw(st.sampled_from(self.model))
+            got = self.s.remove(p[0], p[1], p[2])
+            assert (got.x, got.y, got.data) == p[:3]
+            self.model.remove(next(q for q in self.model if q[:3] == p[:3] and q[3] == got.ts))
+        else:
+            p = data.draw(POINTS)
+            if not any(q[:2] == p[:2] for q in self.model):
+                with pytest.raises(ValueError, match="not in the quadtree"):
+                    self.s.remove(p[0], p[1])
+
+    @rule(a=POINTS, b=POINTS)
+    def rectangle(self, a, b):
+        x0, x1 = sorted((a[0], b[0]))
+        y0, y1 = sorted((a[1], b[1]))
+        want = [p for p in self.model if in_rect(p, x0, y0, x1, y1)]
+        assert as_tuples(self.s.range(x0, y0, x1, y1)) == sorted(want)
+        assert self.s.count(x0, y0, x1, y1) == len(want)
+
+    @rule(c=POINTS, r=st.sampled_from([0.0, 1.0, 7.5, 20.0, 100.0]))
+    def radius(self, c, r):
+        want = [p for p in self.model if (p[0] - c[0]) ** 2 + (p[1] - c[1]) ** 2 <= r * r]
+        assert as_tuples(self.s.radius(c[0], c[1], r)) == sorted(want)
+
+    @rule(c=POINTS, k=st.integers(0, 6))
+    def nearest(self, c, k):
+        def d2(p):
+            return (p[0] - c[0]) ** 2 + (p[1] - c[1]) ** 2
+        got = self.s.nearest(c[0], c[1], k)
+        assert [d2(p) for p in got] == sorted(d2(p) for p in self.model)[:k]
+
+    @rule(depth=st.integers(0, 7))
+    def density(self, depth):
+        want: dict = {}
+        for p in self.model:
+            cell = cell_of(p, depth)
+            want[cell] = want.get(cell, 0) + 1
+        assert self.s.grid_counts(depth) == want
+        for cell, n in list(want.items())[:3]:
+            assert self.s.count(*self.s.cell_bounds(depth, *cell)) >= n
+
+    @rule(t=st.integers(0, 21))
+    def prune_older(self, t):
+        keep = [p for p in self.model if p[3] >= t]
+        assert self.s.prune_older(t) == len(self.model) - len(keep)
+        self.model = keep
+
+    @rule(d=st.integers(0, 5))
+    def prune_by_predicate(self, d):
+        keep = [p for p in self.model if p[2] != d]
+        assert self.s.prune(lambda p: p.data == d) == len(self.model) - len(keep)
+        self.model = keep
+
+    @invariant()
+    def same_points(self):
+        assert len(self.s) == len(self.model)
+        self.s.verify()
+        assert as_tuples(self.s) == sorted(self.model)
+
+
+@pytest.mark.parametrize("level_kind", LEVELS)
+def test_quadtree_matches_brute_force(level_kind, request):
+    redis_url = request.getfixturevalue("redis_url") if level_kind == "redis-disk" else None
+    run_state_machine_as_test(machine_for(QuadtreeMachine, level_kind, redis_url),
+                              settings=MACHINE_SETTINGS)
+
+
+def test_plain_quadtree_is_the_same_algorithm():
+    plain = PlainQuadtree(BOUNDS, capacity=2, max_depth=5)
+    pts = [(float(i % 64), float((i * 7) % 64), i, i) for i in range(200)]
+    plain.insert_many(pts)
+    plain.insert(3.0, 3.0)
+    assert plain.verify() > 1 and len(plain) == 201
+    assert plain.prune_older(100) == 100 and len(plain) == 101
+    plain.verify()
+
+
+def test_duplicates_stop_at_the_depth_limit(tmp_path):
+    with CacheManager(tiny_config("disk", str(tmp_path / "d"), None)) as m:
+        qt = m.quadtree("dups", BOUNDS, capacity=2, max_depth=3)
+        qt.insert_many([(5.0, 5.0, i) for i in range(50)])
+        assert qt.height() == 3 and qt.verify() == 13
+        assert len(qt.radius(5.0, 5.0, 0.0)) == 50
+        for i in range(49):   # merged below capacity // 2 = 1 point
+            qt.remove(5.0, 5.0, i)
+        assert len(qt) == 1 and qt.node_count == 1 and qt.verify() == 1  # merged back to a single leaf
+
+
+def test_reopen_needs_no_bounds_and_rejects_other_bounds(tmp_path):
+    config = tiny_config("disk", str(tmp_path / "d"), None)
+    with CacheManager(config) as m:
+        m.quadtree("q", BOUNDS).insert_many([(1.0, 2.0, "a"), (60.0, 60.0, "b")])
+    with CacheManager(config) as m:
+        q = m.structure("quadtree", "q")
+        assert [p.data for p in q.nearest(0, 0, 2)] == ["a", "b"]
+    with CacheManager(config) as m:
+        with pytest.raises(ValueError, match="exists with bounds"):
+            m.quadtree("q", (0, 0, 1, 1))
+        with pytest.raises(ValueError, match="needs bounds"):
+            m.quadtree("new", None)
+
+
+@pytest.mark.parametrize("level_kind", LEVELS)
+def test_nested_dict_of_lists_of_sets_survives_eviction_and_reopen(level_kind, tmp_path,
+                                                                    request):
+    redis_url = request.getfixturevalue("redis_url") if level_kind == "redis-disk" else None
+    config = tiny_config(level_kind, str(tmp_path / "d"), redis_url)
+    model = {f"user{i}": [{(i, j), f"tag{j}"} | set(range(j)) for j in range(4)]
+             for i in range(6)}
+    with CacheManager(config) as m:
+        outer = m.dict("outer")
+        for key, lists in model.items():
+            inner = m.list(f"{key}.sessions", chunk_size=2)
+            outer[key] = inner
+            for elems in lists:
+                s = CacheableSet.open(m)            # anonymous: a fresh unique name
+                s.update(elems)
+                inner.append(s)
+        outer["user0"][2].add("late")
+        model["user0"][2].add("late")
+        m.flush()
+        assert isinstance(outer["user3"], CacheableList)
+        assert {k: [set(s) for s in v] for k, v in outer.items()} == model
+    with CacheManager(config) as m:                 # reopen: resolved from references
+        outer = m.dict("outer")
+        got = {k: [s.copy() for s in v] for k, v in outer.items()}
+        assert got == model
+        assert outer["user5"][3] == model["user5"][3]
+        outer["user5"][3].discard("tag3")
+        assert "tag3" not in m.dict("outer")["user5"][3]
