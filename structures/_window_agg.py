@@ -53,6 +53,9 @@ class GroupTable:
         self.numeric = numeric
         self.keys: list[Hashable] = []
         self.index: dict[Hashable, int] = {}
+        # numeric keys, sorted, with their codes: a slice's keys map with one searchsorted
+        self._sorted_keys = np.empty(0)
+        self._sorted_codes = np.empty(0, np.int64)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -68,9 +71,20 @@ class GroupTable:
         """``(codes of the distinct keys, row -> position in that array)``."""
         if self.numeric:
             uniq, inv = np.unique(gkeys, return_inverse=True)
-            code = self.code
-            return np.fromiter((code(_num_key(k)) for k in uniq.tolist()), np.int64,
-                               len(uniq)), inv
+            known = self._sorted_keys
+            pos = np.minimum(np.searchsorted(known, uniq), max(len(known) - 1, 0))
+            hit = known[pos] == uniq if len(known) else np.zeros(len(uniq), bool)
+            if hit.all():
+                return self._sorted_codes[pos], inv
+            codes = np.empty(len(uniq), np.int64)
+            codes[hit] = self._sorted_codes[pos[hit]]
+            new = np.flatnonzero(~hit)
+            codes[new] = [self.code(_num_key(k)) for k in uniq[new].tolist()]
+            keys = np.concatenate([known, uniq[new]])
+            order = np.argsort(keys, kind="stable")
+            self._sorted_keys = keys[order]
+            self._sorted_codes = np.concatenate([self._sorted_codes, codes[new]])[order]
+            return codes, inv
         local: dict[Hashable, int] = {}
         inv_list = [local.setdefault(k, len(local)) for k in gkeys]
         code = self.code

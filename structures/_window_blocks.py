@@ -178,6 +178,7 @@ class BlockRepository:
         self.prefetches = 0
         self.io_seconds = 0.0
         self.peak_live = 0
+        self.recent_n = 0  # tuples in the recent block, kept up to date by the window
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self._opened = time.perf_counter()
 
@@ -188,9 +189,8 @@ class BlockRepository:
         self.blocks[blk.seq] = blk
         self.resident[blk.seq] = blk
         self.newest = blk.seq
-        live = len(self.blocks) + 1
-        if live > self.peak_live:
-            self.peak_live = live
+        if len(self.blocks) > self.peak_live:
+            self.peak_live = len(self.blocks)
         for victim in self.policy.insert(blk.seq):
             self._evict(victim)
 
@@ -284,9 +284,9 @@ class BlockRepository:
             "writes_per_s": self.writes / elapsed,
             "bytes_per_s": (self.bytes_read + self.bytes_written) / elapsed,
             "io_seconds": self.io_seconds,
-            "resident_blocks": len(self.resident) + 1,
+            "resident_blocks": len(self.resident) + 1,  # + the recent block's frame
             "pool_bytes": (len(self.resident) + 1) * self.block_size,
-            "live_blocks": len(self.blocks) + 1,
+            "live_blocks": len(self.blocks) + (self.recent_n > 0),
             "peak_live_blocks": self.peak_live,
             "file_slots": self.file_slots,
             "free_slots": len(self.free_slots),

@@ -233,9 +233,12 @@ class _Windows:
         if self.kind == "count":
             self._ingest_count(rows, tsa)
             return
+        if tsa[0] >= self._wm and not (tsa[1:] < tsa[:-1]).any() and not math.isnan(tsa[-1]):
+            self._ingest_time(rows, tsa)  # in order: the common case
+            return
         if np.isnan(tsa).any():
             raise ValueError("a time window needs numeric timestamps, got NaN")
-        prev = np.maximum(np.maximum.accumulate(np.r_[self._wm, tsa[:-1]]), self._wm)
+        prev = np.maximum.accumulate(np.concatenate(([self._wm], tsa[:-1])))
         late = np.flatnonzero(tsa < prev)
         if len(late) == 0:
             self._ingest_time(rows, tsa)
@@ -510,6 +513,7 @@ class _Windows:
     # -- accounting, persistence ------------------------------------------------------------------
     def io_stats(self) -> dict[str, Any]:
         """Reads, writes, bytes and their rates, pool memory, live blocks, late tuples."""
+        self._repo.recent_n = self._cur.n
         stats = self._repo.stats()
         stats.update(late_accepted=self.late_accepted, late_dropped=self.late_dropped,
                      tuples=self._cur.start + self._cur.n, block_capacity=self._capacity())
