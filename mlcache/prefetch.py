@@ -60,6 +60,8 @@ import weakref
 from collections import deque
 from typing import Any, Iterator
 
+from mlcache.policies.base import BasePolicy
+
 from ._lookahead import DepthController, RecordKeyError, prefetching
 
 __all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError", "prefetching"]
@@ -171,6 +173,9 @@ class Prefetcher:
         self.config = manager.config.prefetch
         self._mref = weakref.ref(manager)
         self._filter = _make_filter(manager)
+        # a policy without its own hint (LRU, CLOCK) gains nothing from being told
+        policy = getattr(getattr(manager, "_heap", None), "policy", None)
+        self._policy_hints = policy is not None and getattr(type(policy), "hint", BasePolicy.hint) is not BasePolicy.hint
         self._reset()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -241,19 +246,22 @@ class Prefetcher:
         """Full hint path for canonical key bytes: filter, residency, buffer.
 
         Returns what happened: ``"hot"``, ``"resident"``, ``"late"``, ``"queued"`` or
-        ``"closed"``.
+        ``"closed"``. This runs once per record in the lookahead operator, so it stays short:
+        no lock unless the key has to be queued.
         """
         m = self._mref()
         if m is None or self._closed:
             return "closed"
-        self._check_fork()
-        self.counters["hints"] += 1
-        if self._hot(kb):
-            self.counters["dropped_hot"] += 1
+        counters = self.counters
+        counters["hints"] += 1
+        f = self._filter
+        if f is not None and f.hot(kb):
+            counters["dropped_hot"] += 1
             return "hot"
         if m._resident(kb):
-            self.counters["resident"] += 1
-            m._policy_hint(kb, ts)
+            counters["resident"] += 1
+            if self._policy_hints:
+                m._policy_hint(kb, ts)
             return "resident"
         return self._enqueue(kb, ts)
 
@@ -269,6 +277,7 @@ class Prefetcher:
         return self._enqueue(kb, ts)
 
     def _enqueue(self, kb: bytes, ts: float) -> str:
+        self._check_fork()
         lateness = self.config.lateness or 0.0
         with self._cond:
             if ts < self.watermark - lateness:
@@ -290,26 +299,36 @@ class Prefetcher:
         Advances the watermark, classifies the prefetch (useful / late) and returns the slack in
         seconds if the key had been hinted, else ``None``.
         """
+        if ts is not None and ts > self.watermark:
+            self.watermark = ts
+        buf = self._buffer
+        if kb not in buf.pending and kb not in buf.inflight:
+            # Lock-free fast path: a fetch thread adds a key to _landed before it leaves
+            # in-flight, so a key seen in neither has landed already or was never queued.
+            t0 = self._landed.pop(kb, None)
+            if t0 is None:
+                return None
+            self.counters["useful"] += 1
+            s = time.perf_counter() - t0
+            self.slack.add(s)
+            return s
         now = time.perf_counter()
         with self._lock:
-            if ts is not None and ts > self.watermark:
-                self.watermark = ts
-            t0 = self._landed.pop(kb, None)
-            if t0 is not None:
-                self.counters["useful"] += 1
-                s = now - t0
-                self.slack.add(s)
-                return s
-            st = self._buffer.state(kb)
+            st = buf.state(kb)
             if st is None:
-                return None
-            where, (hts, t0) = st
-            self.counters["late"] += 1
-            if where == "inflight":
-                self._used_inflight.add(kb)
-            elif where == "pending" and (ts is None or hts <= ts):
-                # nobody later needs it: the demand fetch will load it; don't fetch it again
-                del self._buffer.pending[kb]
+                t0 = self._landed.pop(kb, None)
+                if t0 is None:
+                    return None
+                self.counters["useful"] += 1
+            else:
+                where, (hts, t0) = st
+                self._landed.pop(kb, None)
+                self.counters["late"] += 1
+                if where == "inflight":
+                    self._used_inflight.add(kb)
+                elif ts is None or hts <= ts:
+                    # nobody later needs it: the demand fetch loads it; don't fetch it again
+                    del buf.pending[kb]
             s = now - t0
             self.slack.add(s)
             return s
@@ -382,10 +401,10 @@ class Prefetcher:
                 error = exc
         now = time.perf_counter()
         with self._lock:
-            self._buffer.done(keys)
             self.counters["batches"] += 1
             self.batch_latency.add(now - t_start)
             if error is not None:
+                self._buffer.done(keys)
                 self.counters["failures"] += 1
                 if len(self._failed) + len(keys) > _FAILED_MAX:
                     self._failed.clear()
@@ -403,6 +422,7 @@ class Prefetcher:
                     if not was_used:
                         self._landed[kb] = t0
             self.counters["prefetched"] += len(loaded)
+            self._buffer.done(keys)          # after _landed: see note_use's fast path
         if now - self._last_sweep > _SWEEP_INTERVAL:
             self._sweep(m)
 

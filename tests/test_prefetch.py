@@ -318,3 +318,20 @@ def test_close_stops_fetch_threads_and_stats_are_exposed(tmp_path):
     assert st["sent"] == 10 and st["prefetched"] == 10
     m.close()
     assert threads and not any(t.is_alive() for t in threads)
+
+
+def test_operator_accepts_namespaces_and_structures(tmp_path):
+    cfg = _disk_config(tmp_path, None, entries=50, hot_threshold=16)
+    with CacheManager(cfg) as m:
+        ns = m.namespace("users")
+        ns.put_many((i, -i) for i in range(200))
+        d = m.dict("profiles")
+        d.update({i: {"n": i} for i in range(200)})
+        m.checkpoint()
+        out = [ns.get(r) for r in prefetching(range(200), key=lambda r: r, cache=ns, depth=8)]
+        assert out == [-i for i in range(200)]
+        useful = m.stats()["prefetch"]["useful"]
+        assert useful > 0          # hints went to the namespace's own keys
+        out = [d[r]["n"] for r in prefetching(range(200), key=lambda r: r, cache=d, depth=8)]
+        assert out == list(range(200))
+        assert m.stats()["prefetch"]["useful"] > useful

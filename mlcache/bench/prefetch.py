@@ -1,0 +1,341 @@
+"""``mlcache bench prefetch``: keyed prefetching + TAC against caching alone and async I/O.
+
+Two enrichment workloads, as in the Keyed Prefetching paper, each with state at least 10x the
+heap, every variant at the same heap budget (entries), one process, one run:
+
+* **ysb** (Yahoo Streaming Benchmark-like): ad events with Zipf(1.0) ad ids; each event is
+  enriched with its ad's campaign metadata from a real Redis level (an embedded redis-server)
+  and views are counted per campaign.
+* **nexmark** (NEXMark Q13-like): bids enriched by auction id from a large side table in the
+  disk level; optional ``--backend-delay-ms`` sleeps before every batched read of that level to
+  emulate remote storage. Revenue is summed per category.
+
+Variants: ``cache-lru`` and ``cache-clock`` (a blocking get per record); ``async-io`` (a hit is
+processed at once, a miss is handed to a pool of ``fetch_threads`` and processed when its fetch
+completes, out of order, at most 64 outstanding — Flink's unordered async I/O; no hints);
+``keyed+tac`` (the :func:`~mlcache.prefetching` operator with ``depth="auto"`` over a TAC heap);
+on ysb also ``keyed+tac/no-filter`` (hot-key filter off), the reference for the filter's goals.
+
+Per-record latency is the time a record spends in the stateful step: from asking for the next
+record (for keyed, that includes the read-ahead and hinting done by ``next``) until its state
+was read and applied; for async-io from taking the record until its deferred processing ends.
+The input is a batch known in full (a micro-batch), so reading ahead does not delay arrivals;
+total time shows up in throughput. The first 10% of records warm the heap and are not measured.
+Every variant must produce exactly the same aggregates (checked, column ``same``).
+"""
+from __future__ import annotations
+
+import abc
+import argparse
+import gc
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+from ..config import CacheConfig, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
+from ._delayed import Delay, DelayedLevelConfig
+from ._report import BenchReport
+
+__all__ = ["add_arguments", "run"]
+
+VARIANTS = ("cache-lru", "cache-clock", "async-io", "keyed+tac")
+ASYNC_CAPACITY = 64
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=("ysb", "nexmark", "both"), default="both")
+    parser.add_argument("--backend-delay-ms", type=float, default=0.0,
+                        help="sleep before every batched read of the nexmark disk level")
+    parser.add_argument("--hot-threshold", type=int, default=None,
+                        help="hot-key filter threshold for keyed+tac (default: the config's)")
+    parser.add_argument("--seed", type=int, default=7)
+
+
+# -- workloads ----------------------------------------------------------------------------------
+
+def _zipf_ranks(n: int, s: float, count: int, rng: random.Random) -> list[int]:
+    weights = [1.0 / (r ** s) for r in range(1, n + 1)]
+    perm = list(range(n))
+    rng.shuffle(perm)          # popularity is not correlated with key order
+    ranks = rng.choices(range(n), weights=weights, k=count)
+    return [perm[r] for r in ranks]
+
+
+class Workload(abc.ABC):
+    name = ""
+    keys: int
+    events: list[tuple]
+
+    @abc.abstractmethod
+    def table(self) -> Iterator[tuple[Any, Any]]:
+        """The side table: (key, value) pairs stored in the lower level before the run."""
+
+    @abc.abstractmethod
+    def levels(self) -> tuple:
+        """The level configs below the heap."""
+
+    @abc.abstractmethod
+    def process(self, agg: Counter, event: tuple, value: Any) -> None:
+        """Apply one enriched event to the aggregate."""
+
+    def close(self) -> None:
+        return None
+
+
+class YSB(Workload):
+    name = "ysb"
+
+    def __init__(self, quick: bool, rng: random.Random, redis_url: str) -> None:
+        self.keys = 20_000 if quick else 100_000
+        n_events = 40_000 if quick else 200_000
+        self.redis_url = redis_url
+        ads = _zipf_ranks(self.keys, 1.0, n_events, rng)
+        kinds = ("view", "click", "purchase")
+        self.events = [(f"ad{a}", kinds[rng.randrange(3)], i) for i, a in enumerate(ads)]
+        self.campaigns = 1000
+
+    def table(self) -> Iterator[tuple[Any, Any]]:
+        for a in range(self.keys):
+            yield f"ad{a}", {"campaign": a % self.campaigns, "advertiser": f"adv{a % 97}",
+                             "budget": float(a % 1000), "tags": ["sport", "news", str(a % 13)]}
+
+    def levels(self) -> tuple:
+        return (RedisConfig(url=self.redis_url, prefix="bench-prefetch"),)
+
+    def process(self, agg: Counter, event: tuple, value: Any) -> None:
+        if event[1] == "view":
+            agg[value["campaign"]] += 1
+
+
+class NexmarkQ13(Workload):
+    name = "nexmark"
+
+    def __init__(self, quick: bool, rng: random.Random, delay_ms: float) -> None:
+        self.keys = 40_000 if quick else 200_000
+        n_events = 40_000 if quick else 200_000
+        self.dir = tempfile.mkdtemp(prefix="mlcache-bench-q13-")
+        self.delay = Delay(delay_ms / 1000.0)
+        auctions = _zipf_ranks(self.keys, 0.6, n_events, rng)
+        self.events = [(a, rng.randrange(1, 1000), i) for i, a in enumerate(auctions)]
+
+    def table(self) -> Iterator[tuple[Any, Any]]:
+        for a in range(self.keys):
+            yield a, {"seller": a % 5000, "category": a % 20, "reserve": a % 777,
+                      "item": f"item-{a}", "expires": 1_700_000_000 + a}
+
+    def levels(self) -> tuple:
+        return (DelayedLevelConfig(inner=DiskConfig(path=self.dir), delay=self.delay),)
+
+    def process(self, agg: Counter, event: tuple, value: Any) -> None:
+        agg[value["category"]] += event[1]
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- variants -----------------------------------------------------------------------------------
+
+def _config(wl: Workload, policy: str, hot_threshold: int | None, prefetch: bool) -> CacheConfig:
+    pf = PrefetchConfig(enabled=prefetch) if hot_threshold is None else \
+        PrefetchConfig(enabled=prefetch, hot_threshold=hot_threshold)
+    return CacheConfig(heap=HeapConfig(policy=policy, max_entries=wl.keys // 10, max_bytes=None),
+                       levels=wl.levels(), namespace=f"bench-{wl.name}", prefetch=pf)
+
+
+def _populate(wl: Workload) -> None:
+    from ..manager import CacheManager
+
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=10_000, max_bytes=None),
+                      levels=wl.levels(), namespace=f"bench-{wl.name}",
+                      prefetch=PrefetchConfig(enabled=False))
+    with CacheManager(cfg) as m:
+        batch: list = []
+        for item in wl.table():
+            batch.append(item)
+            if len(batch) == 5000:
+                m.put_many(batch)
+                batch = []
+        m.put_many(batch)
+        m.checkpoint()
+
+
+def _blocking(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
+    get, resident, enc, process = m.get, m._resident, m._encode_key, wl.process
+    clock = time.perf_counter
+    nxt = iter(wl.events).__next__
+    while True:
+        t = clock()
+        try:
+            ev = nxt()
+        except StopIteration:
+            break
+        t0 = clock()
+        nxt_t.append(t0 - t)
+        hits.append(resident(enc(ev[0])))
+        process(agg, ev, get(ev[0], ts=ev[2]))
+        lat.append(clock() - t0)
+
+
+def _keyed(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
+    from ..prefetch import prefetching
+
+    get, resident, enc, process = m.get, m._resident, m._encode_key, wl.process
+    clock = time.perf_counter
+    it = prefetching(wl.events, key=lambda ev: ev[0], ts=lambda ev: ev[2], cache=m)
+    nxt = it.__next__
+    while True:
+        t = clock()
+        try:
+            ev = nxt()           # read-ahead and hinting: the upstream operator's share
+        except StopIteration:
+            break
+        t0 = clock()
+        nxt_t.append(t0 - t)
+        hits.append(resident(enc(ev[0])))
+        process(agg, ev, get(ev[0], ts=ev[2]))
+        lat.append(clock() - t0)
+
+
+def _async_io(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
+    get, resident, enc, process = m.get, m._resident, m._encode_key, wl.process
+    clock = time.perf_counter
+    outstanding: deque = deque()
+    n = m.config.prefetch.fetch_threads
+    with ThreadPoolExecutor(n, thread_name_prefix="bench-async-io") as pool:
+        def finish(block: bool) -> None:
+            while outstanding and (block or outstanding[0][2].done()):
+                ev, t0, fut = outstanding.popleft()
+                process(agg, ev, fut.result())
+                lat.append(clock() - t0)
+                block = False
+
+        nxt = iter(wl.events).__next__
+        while True:
+            t = clock()
+            try:
+                ev = nxt()
+            except StopIteration:
+                break
+            t0 = clock()
+            nxt_t.append(t0 - t)
+            hit = resident(enc(ev[0]))
+            hits.append(hit)
+            if hit:
+                process(agg, ev, get(ev[0], ts=ev[2]))
+                lat.append(clock() - t0)
+            else:
+                outstanding.append((ev, t0, pool.submit(get, ev[0], None, ts=ev[2])))
+            if outstanding and outstanding[0][2].done():
+                finish(False)
+            if len(outstanding) >= ASYNC_CAPACITY:
+                finish(True)
+        while outstanding:
+            finish(True)
+    # unordered completion: the warm-up cut below is by completion order, like the others
+
+
+RUNNERS: dict[str, tuple[str, Callable, bool]] = {
+    "cache-lru": ("lru", _blocking, False),
+    "cache-clock": ("clock", _blocking, False),
+    "async-io": ("lru", _async_io, False),
+    "keyed+tac": ("lru", _keyed, True),
+    "keyed+tac/no-filter": ("lru", _keyed, True),
+}
+
+
+def _pct(sorted_lat: list[float], q: float) -> float:
+    return sorted_lat[min(len(sorted_lat) - 1, int(q * len(sorted_lat)))] * 1000.0
+
+
+def _run_variant(wl: Workload, variant: str, hot_threshold: int | None) -> dict[str, Any]:
+    from ..manager import CacheManager
+
+    policy, runner, prefetch = RUNNERS[variant]
+    if variant.endswith("no-filter"):
+        hot_threshold = 16
+    m = CacheManager(_config(wl, policy, hot_threshold, prefetch))
+    agg: Counter = Counter()
+    lat: list[float] = []
+    hits: list[bool] = []
+    nxt_t: list[float] = []
+    gc.collect()
+    t0 = time.perf_counter()
+    try:
+        runner(m, wl, agg, lat, hits, nxt_t)
+        elapsed = time.perf_counter() - t0
+        pstats = m.stats().get("prefetch", {}) if prefetch else {}
+    finally:
+        m.close()
+    warm = len(lat) // 10
+    measured = sorted(lat[warm:])
+    hit_part = hits[warm:]
+    row = {
+        "p50_ms": _pct(measured, 0.50), "p99_ms": _pct(measured, 0.99),
+        "p999_ms": _pct(measured, 0.999), "throughput": len(lat) / elapsed,
+        "hit_ratio": sum(hit_part) / max(1, len(hit_part)),
+        "next_us": sum(nxt_t) / max(1, len(nxt_t)) * 1e6,
+    }
+    if prefetch:
+        row["hot_dropped"] = pstats.get("hot_drop_ratio", 0.0)
+        row["late"] = pstats.get("late", 0)
+        row["depth"] = pstats.get("depth")
+    return {"row": row, "agg": agg, "pstats": pstats}
+
+
+def _one_workload(report: BenchReport, wl: Workload, args: argparse.Namespace) -> None:
+    _populate(wl)
+    variants = list(VARIANTS) + (["keyed+tac/no-filter"] if wl.name == "ysb" else [])
+    out: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        out[v] = _run_variant(wl, v, args.hot_threshold)
+        ref = out["cache-lru"]["agg"]
+        report.result(f"{wl.name}:{v}", **out[v]["row"], same=out[v]["agg"] == ref)
+    lru, keyed = out["cache-lru"]["row"], out["keyed+tac"]["row"]
+    report.goal(f"{wl.name}: p999 keyed / p999 cache-lru", keyed["p999_ms"] / lru["p999_ms"],
+                "<=", 0.2)
+    report.goal(f"{wl.name}: p50 keyed / p50 cache-lru", keyed["p50_ms"] / lru["p50_ms"], "<=", 1.0)
+    report.goal(f"{wl.name}: throughput keyed / cache-lru", keyed["throughput"] / lru["throughput"],
+                ">=", 1.0)
+    report.goal(f"{wl.name}: variants with results equal to cache-lru",
+                sum(o["agg"] == out["cache-lru"]["agg"] for o in out.values()), "==",
+                len(out))
+    if wl.name == "ysb":
+        nf = out["keyed+tac/no-filter"]["row"]
+        report.goal("ysb (Zipf 1.0): share of hints dropped as hot", keyed["hot_dropped"],
+                    ">=", 0.5)
+        report.goal("ysb (Zipf 1.0): hit ratio with filter - without filter",
+                    keyed["hit_ratio"] - nf["hit_ratio"], ">=", -0.001)
+
+
+def run(args: argparse.Namespace) -> BenchReport:
+    from .._redis_server import RedisServer
+
+    quick = bool(getattr(args, "quick", False))
+    report = BenchReport("prefetch", quick=quick)
+    which = getattr(args, "workload", "both")
+    rng = random.Random(getattr(args, "seed", 7))
+    delay_ms = float(getattr(args, "backend_delay_ms", 0.0) or 0.0)
+    if which in ("ysb", "both"):
+        server = RedisServer().start()
+        try:
+            wl = YSB(quick, rng, server.url)
+            report.note(f"ysb: {wl.keys} ads (Zipf 1.0), {len(wl.events)} events, heap "
+                        f"{wl.keys // 10} entries, Redis level (embedded redis-server)")
+            _one_workload(report, wl, args)
+        finally:
+            server.cleanup()
+    if which in ("nexmark", "both"):
+        wl2 = NexmarkQ13(quick, rng, delay_ms)
+        try:
+            report.note(f"nexmark: {wl2.keys} auctions (Zipf 0.6), {len(wl2.events)} bids, heap "
+                        f"{wl2.keys // 10} entries, disk level, backend delay {delay_ms} ms/batch")
+            _one_workload(report, wl2, args)
+        finally:
+            wl2.close()
+    report.note("latency = time in the stateful step per record (see module docstring); the "
+                "first 10% of records warm the heap and are not measured")
+    return report
