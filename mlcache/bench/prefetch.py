@@ -242,8 +242,8 @@ RUNNERS: dict[str, tuple[str, Callable, bool]] = {
     "cache-lru": ("lru", _blocking, False),
     "cache-clock": ("clock", _blocking, False),
     "async-io": ("lru", _async_io, False),
-    "keyed+tac": ("lru", _keyed, True),
-    "keyed+tac/no-filter": ("lru", _keyed, True),
+    "keyed+tac": ("tac", _keyed, True),
+    "keyed+tac/no-filter": ("tac", _keyed, True),
 }
 
 
