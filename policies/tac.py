@@ -1,0 +1,126 @@
+"""TAC: Timestamp-Aware Caching — one eviction order by event timestamp.
+
+From the keyed-prefetching work for stream processing: an operator's state is used at known
+*event times*. An entry that was used carries the event time of its last access; an entry that
+was prefetched (or hinted while resident) carries the event time at which it is expected to be
+used. Both live on one axis, and the entry with the smallest timestamp is the one whose use is
+furthest in the past and not expected again soon: that is the victim. A hint for a resident
+key renews it (its timestamp moves forward to the expected use), so state the prefetcher
+announced survives until its tuple arrives, while state already consumed ages out like LRU.
+
+Timestamps never move backwards (``max`` of the old and new time), so out-of-order events do
+not make a hinted entry forget its expected use. ``ts=None`` means "now": the largest event time
+seen so far. Ties are broken by arrival order (older first), so with no timestamps at all TAC
+is exactly LRU.
+
+Costs: a binary heap of ``(ts, seq, key)`` with lazy deletion — an access or hint pushes a new
+item and leaves the old one to be discarded when it surfaces; the heap is rebuilt when stale
+items outnumber live ones. O(log n) per operation, amortised. A sorted container would give
+the same bound with a larger constant; the heap needs no dependency.
+
+Weights: ``capacity`` bounds the total weight; eviction pops smallest timestamps until the new
+total fits (possibly the newcomer itself, when it is the oldest — e.g. a stale prefetch).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Hashable, Iterator
+
+from .base import BasePolicy, _check_capacity, register_policy
+
+__all__ = ["TACPolicy"]
+
+
+@register_policy("tac")
+class TACPolicy(BasePolicy):
+    name = "tac"
+
+    def __init__(self, capacity: int, **options: Any) -> None:
+        super().__init__(capacity, **options)
+        self._entries: dict[Hashable, list] = {}  # key -> [ts, seq, weight]
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._seq = 0
+        self._now = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def keys(self) -> Iterator[Hashable]:
+        return iter(list(self._entries))
+
+    def timestamp(self, key: Hashable) -> float | None:
+        """The event time ``key`` is ordered by (None if not resident)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[0]
+
+    def _time(self, ts: float | None) -> float:
+        if ts is None:
+            return self._now if self._now != float("-inf") else 0.0
+        if ts > self._now:
+            self._now = ts
+        return ts
+
+    def _push(self, key: Hashable, entry: list) -> None:
+        self._seq += 1
+        entry[1] = self._seq
+        heapq.heappush(self._heap, (entry[0], self._seq, key))
+        if len(self._heap) > 2 * len(self._entries) + 64:
+            self._heap = [(e[0], e[1], k) for k, e in self._entries.items()]
+            heapq.heapify(self._heap)
+
+    def _renew(self, key: Hashable, ts: float | None) -> None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        t = self._time(ts)
+        if t >= entry[0]:  # equal times still refresh the arrival order (LRU among ties)
+            entry[0] = t
+            self._push(key, entry)
+
+    def access(self, key: Hashable, ts: float | None = None) -> None:
+        self._renew(key, ts)
+
+    def hint(self, key: Hashable, ts: float) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and ts > entry[0]:
+            entry[0] = ts  # expected use: do not advance "now", it has not happened yet
+            self._push(key, entry)
+
+    def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.total_weight += weight - entry[2]
+            entry[2] = weight
+            self._renew(key, ts)
+        else:
+            entry = [self._time(ts), 0, weight]
+            self._entries[key] = entry
+            self.total_weight += weight
+            self._push(key, entry)
+        return self._evict() if self.total_weight > self.capacity else []
+
+    def remove(self, key: Hashable) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.total_weight -= entry[2]
+
+    def resize(self, capacity: int) -> list:
+        _check_capacity(capacity)
+        self.capacity = capacity
+        return self._evict()
+
+    def _evict(self) -> list:
+        victims = []
+        heap, entries = self._heap, self._entries
+        while self.total_weight > self.capacity and heap:
+            ts, seq, key = heapq.heappop(heap)
+            entry = entries.get(key)
+            if entry is None or entry[1] != seq:
+                continue  # stale: the key was renewed, removed or evicted since
+            del entries[key]
+            self.total_weight -= entry[2]
+            victims.append(key)
+        return victims
