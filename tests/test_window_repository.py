@@ -1,0 +1,239 @@
+"""The block repository: SlideM's I/O pattern, reopening, late and bad input."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlcache.errors import ConfigError, SerializationError
+from mlcache.structures import SharedWindows, SlidingWindow
+from tests.test_window import Oracle, exact, same
+
+COLS = ("g", "v", "w")
+CAP = 8  # tuples per block: 256 bytes / (8 bytes x (3 columns + ts))
+
+
+def spy(win):
+    """Record the sequence numbers of the blocks written and read."""
+    repo = win._repo
+    writes, reads = [], []
+    write, read = repo._write, repo._read
+
+    def _write(blk):
+        writes.append(blk.seq)
+        write(blk)
+
+    def _read(blk):
+        reads.append(blk.seq)
+        return read(blk)
+
+    repo._write, repo._read = _write, _read
+    return writes, reads
+
+
+@pytest.mark.parametrize("kind", ["count", "time"])
+@pytest.mark.parametrize("batch", [False, True])
+def test_slidem_writes_each_filled_block_once_and_reads_it_back_once(kind, batch, tmp_path):
+    win = SlidingWindow(10 * CAP, kind=kind, columns=COLS, value="v", block_size=256,
+                        directory=tmp_path)
+    writes, reads = spy(win)
+    rows = [(i % 3, float(i), 1.0) for i in range(80 * CAP)]
+    ts = [float(i) for i in range(80 * CAP)]
+    if batch:
+        for i in range(0, len(rows), CAP):
+            win.extend(rows[i: i + CAP], ts[i: i + CAP])
+    else:
+        for r, t in zip(rows, ts):
+            win.append(r, t)
+    win.result()
+    # block 0 stays in the pool as the first ancient block; every later block is written once,
+    # when it is filled, and read once, when it becomes the ancient block (the window holds the
+    # last 10 blocks: 70..79)
+    assert writes == list(range(1, 80))
+    assert reads == list(range(1, 71))
+    stats = win.io_stats()
+    assert stats["writes"] == 79 and stats["reads"] == 70
+    assert stats["bytes_written"] == 79 * 256 and stats["bytes_read"] == 70 * 256
+    assert stats["resident_blocks"] <= 2 and win.memory_bytes()["pool"] <= 2 * 256
+    assert stats["file_slots"] <= 11  # Procedure 2 reuses the slots of expired blocks
+    win.close()
+
+
+def test_ssm_writes_each_block_once_and_space_follows_the_largest_window(tmp_path):
+    ranges = [4 * CAP, 7 * CAP, 10 * CAP]
+    win = SharedWindows(ranges, kind="count", columns=COLS, value="v", block_size=256,
+                        buffer_blocks=3, directory=tmp_path)
+    writes, reads = spy(win)
+    for i in range(60 * CAP):
+        win.append((0, float(i), 1.0))
+    assert len(writes) == len(set(writes))
+    assert max(reads.count(s) for s in set(reads)) <= len(ranges)
+    assert win.io_stats()["live_blocks"] <= 10 + 1
+    assert [r.count for r in win.results()] == ranges
+    win.close()
+
+
+def test_ssm_policy_keeps_blocks_the_next_window_needs(tmp_path):
+    """With a pool big enough for the spread between windows, each block is read once."""
+    ranges = [20 * CAP, 21 * CAP, 22 * CAP, 23 * CAP]
+    win = SharedWindows(ranges, kind="count", columns=COLS, value="v", block_size=256,
+                        buffer_blocks=8, directory=tmp_path)
+    writes, reads = spy(win)
+    for i in range(80 * CAP):
+        win.append((0, float(i), 1.0))
+    assert len(reads) == len(set(reads))
+    win.close()
+
+
+def _feed(win, stream, oracle):
+    for t, row in stream:
+        oracle.rows.append((t, row))
+        win.append(row, t)
+
+
+@pytest.mark.parametrize("numeric", [True, False])
+@pytest.mark.parametrize("shared", [False, True])
+def test_reopened_window_continues(numeric, shared, tmp_path):
+    ranges = [30.0, 45.0] if shared else [30.0]
+    slides: list = []
+    opts = dict(slide=5, on_slide=lambda e, r: slides.append((e, r)), group_by="g",
+                minmax=True, block_size=256, lateness=3.0, directory=tmp_path / "w")
+    if numeric:
+        opts.update(columns=COLS, value="v", weight="w")
+        row = lambda g, v, w: (g, v, w)  # noqa: E731
+    else:
+        opts.update(value=1, weight=2, group_by=0)
+        row = lambda g, v, w: ["s%d" % g, v, w]  # noqa: E731
+
+    def make():
+        return SharedWindows(ranges, **opts) if shared else SlidingWindow(ranges[0], **opts)
+
+    oracle = Oracle("time", ranges)
+    stream = [(float(i // 2 - (2 if i % 7 == 3 else 0)), row(i % 4, float(i % 11), 1.0 + i % 3))
+              for i in range(600)]
+    win = make()
+    _feed(win, stream[:301], oracle)
+    win.close()
+    win = make()  # same directory: continues where it stopped
+    emitted_before = len(slides)
+    _feed(win, stream[301:], oracle)
+    assert len(slides) > emitted_before
+    got = win.results() if shared else [win.result()]
+    key = (lambda g: g) if numeric else (lambda g: g)
+    want = [exact([(key(r[0]), r[1], r[2]) for r in oracle.window(rng)], grouped=True,
+                  minmax=True) for rng in ranges]
+    for g, w in zip(got, want):
+        same(g, w)
+    assert win.io_stats()["late_accepted"] > 0
+    win.close()
+
+
+late_streams = st.lists(st.tuples(st.integers(-4, 3), st.integers(0, 2), st.integers(-9, 9)),
+                        max_size=80)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=late_streams, lateness=st.integers(0, 3), drop=st.booleans(),
+       shared=st.booleans(), minmax=st.booleans())
+def test_late_tuples_within_lateness_are_exact(stream, lateness, drop, shared, minmax):
+    ranges = [6.0, 10.0] if shared else [6.0]
+    oracle = Oracle("time", ranges)
+    checks: list = []
+
+    def on_slide(end, result):
+        want = [exact(oracle.window(r, end), grouped=True, minmax=minmax) for r in ranges]
+        for g, w in zip(result if shared else [result], want):
+            same(g, w)
+        checks.append(end)
+
+    opts = dict(columns=COLS, value="v", group_by="g", slide=2, on_slide=on_slide,
+                minmax=minmax, block_size=96, lateness=float(lateness),
+                on_late="drop" if drop else "raise")
+    win = SharedWindows(ranges, **opts) if shared else SlidingWindow(ranges[0], **opts)
+    now, dropped = None, 0
+    for dt, g, v in stream:
+        t = (now or 0.0) + dt
+        row = (g, float(v), 1.0)
+        if now is not None and t < now - lateness:
+            if drop:
+                win.append(row, t)
+                dropped += 1
+            else:
+                with pytest.raises(ValueError, match="lateness"):
+                    win.append(row, t)
+            continue
+        oracle.rows.append((t, row))
+        win.append(row, t)
+        now = t if now is None else max(now, t)
+    if oracle.rows:
+        got = win.results() if shared else [win.result()]
+        for g, r in zip(got, ranges):
+            same(g, exact(oracle.window(r, now), grouped=True, minmax=minmax))
+    assert win.io_stats()["late_dropped"] == dropped
+    win.close()
+
+
+def test_extend_rejects_a_late_batch_before_changing_anything():
+    win = SlidingWindow(10.0, columns=COLS, value="v")
+    win.extend([(0, 1.0, 1.0), (0, 2.0, 1.0)], [5.0, 6.0])
+    with pytest.raises(ValueError, match="behind the watermark 7.0"):
+        win.extend([(0, 3.0, 1.0), (0, 4.0, 1.0)], [7.0, 2.0])
+    assert win.result().count == 2
+    win.close()
+
+
+def test_records_too_big_for_a_block_name_the_limit():
+    with pytest.raises(ValueError, match="block size limit of 64 bytes"):
+        SlidingWindow(10.0, columns=tuple("abcdefgh"), block_size=64)
+    win = SlidingWindow(10.0, block_size=128)
+    with pytest.raises(ValueError, match="exceeds the block size limit of 112 bytes"):
+        win.append("x" * 200, 1.0)
+    win.append("x" * 50, 1.0)
+    with pytest.raises(SerializationError):
+        win.append(object(), 2.0)
+    win.close()
+
+
+def test_bad_configuration_and_records():
+    for kwargs in ({"kind": "rows"}, {"on_late": "ignore"}, {"lateness": -1},
+                   {"block_size": 10}, {"slide": 0}):
+        with pytest.raises(ConfigError):
+            SlidingWindow(10.0, **kwargs)
+    for rng in (0, -1, "ten", True):
+        with pytest.raises(ConfigError):
+            SlidingWindow(rng)
+    with pytest.raises(ConfigError, match="integer"):
+        SlidingWindow(2.5, kind="count")
+    with pytest.raises(ConfigError, match="value"):
+        SlidingWindow(1.0, columns=COLS, value="price")
+    with pytest.raises(ValueError, match="at least 2"):
+        SlidingWindow(1.0, buffer_blocks=1)
+    win = SlidingWindow(10.0, columns=COLS, value="v")
+    with pytest.raises(ValueError, match="3 numbers"):
+        win.append((1.0, 2.0), 1.0)
+    with pytest.raises(ValueError, match="numeric timestamp"):
+        win.append((1.0, 2.0, 3.0), None)
+    with pytest.raises(ValueError, match="shape"):
+        win.extend([[1.0, 2.0]], [1.0])
+    win.close()
+
+
+def test_reopening_with_another_configuration_is_refused(tmp_path):
+    win = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
+    win.append((0, 1.0, 1.0), 1.0)
+    win.close()
+    with pytest.raises(ConfigError, match="another configuration"):
+        SlidingWindow(20.0, columns=COLS, value="v", directory=tmp_path)
+    again = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
+    assert again.result().count == 1 and again.result().sum == 1.0
+    again.close()
+
+
+def test_empty_window_and_count_window_without_timestamps():
+    win = SlidingWindow(3, kind="count", value=lambda r: r)
+    assert win.result().count == 0 and math.isnan(win.result().avg)
+    win.extend([1, 2, 3, 4, 5])
+    assert win.result().sum == 12.0
+    win.close()
