@@ -377,12 +377,16 @@ class _Windows:
                 self._expire_window(i, w, (self._wm if now is None else now) - w.range, None)
             else:
                 self._expire_window(i, w, None, total - w.range)
+        self._release_passed()
+        self._repo.prefetch()
+
+    def _release_passed(self) -> None:
+        """Give back the blocks every window has passed (before any further read, so a dead
+        block never takes a frame, let alone a write)."""
         low = min(w.seq for w in self._wins)
-        repo = self._repo
         while self._oldest < low:
-            repo.release(self._oldest)
+            self._repo.release(self._oldest)
             self._oldest += 1
-        repo.prefetch()
 
     def _expire_window(self, i: int, w: WindowState, cutoff: float | None,
                        target: int | None) -> None:
@@ -424,6 +428,8 @@ class _Windows:
                 return
             w.seq, w.off = seq + 1, 0
             repo.policy.set_cursor(i, seq + 1)
+            if seq == self._oldest:
+                self._release_passed()
 
     def _sub_one(self, w: WindowState, rec: Any, t: float) -> None:
         if self.columns is not None:
