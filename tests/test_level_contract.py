@@ -425,3 +425,88 @@ def test_level_matches_dict_model(env, bound):
     machine = type("Machine", (LevelModel,), {"factory": staticmethod(factory), "bound": limit})
     run_state_machine_as_test(
         machine, settings=settings(max_examples=15, stateful_step_count=25, deadline=None))
+
+
+# -- concurrency, processes, failures ---------------------------------------------------------
+
+def test_threads_share_a_bounded_level_and_the_count_stays_exact(env):
+    import threading
+
+    bound = env.kind.bound(30_000)
+    level = env.make(max_bytes=bound)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(40):
+                items = [(b"t%d-%d-%d" % (t, i, j), os.urandom(100 + 37 * j)) for j in range(5)]
+                level.put_many(items)
+                level.get_many([k for k, _ in items] + [b"t0-0-0"])
+                if i % 7 == 0:
+                    level.delete_many([items[0][0]])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert level.used_bytes() <= bound
+    if env.kind.exact_bytes:
+        stored = list(level.scan(b""))
+        assert level.used_bytes() == sum(len(v) for v in level.get_many(stored))
+
+
+def _child_uses_level(level: Any, queue: Any) -> None:
+    try:
+        level.put_many([(b"from-child", b"%d" % os.getpid())])
+        queue.put(level.get_many([b"from-parent"])[0])
+    except BaseException as exc:
+        queue.put(repr(exc))
+
+
+@pytest.mark.parametrize("kind", ["disk", "redis"])
+def test_level_created_before_fork_works_in_both_processes(kind, tmp_path, request):
+    import multiprocessing
+
+    if kind == "redis":
+        level = RedisLevel(RedisConfig(url=request.getfixturevalue("redis_url"), prefix="fork"))
+    else:
+        level = DiskLevel(DiskConfig(path=str(tmp_path / "fork")))
+    try:
+        level.put_many([(b"from-parent", b"hello")])   # the parent's connection exists now
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_uses_level, args=(level, queue))
+        child.start()
+        reply = queue.get(timeout=60)
+        child.join(60)
+        assert reply == b"hello"
+        assert child.exitcode == 0
+        got = level.get_many([b"from-child", b"from-parent"])   # the parent still works
+        assert got[0] == b"%d" % child.pid and got[1] == b"hello"
+    finally:
+        level.close()
+
+
+def test_disk_path_that_is_a_file_is_level_unavailable(tmp_path):
+    from mlcache.errors import LevelUnavailableError
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(LevelUnavailableError) as info:
+        DiskLevel(DiskConfig(path=str(blocker / "disk")))
+    assert info.value.level == "disk"
+
+
+def test_embedded_redis_starts_and_stops_with_the_level():
+    level = RedisLevel(RedisConfig(url="embedded", prefix="emb"))
+    level.put_many([(b"k", b"v")])
+    assert level.get_many([b"k"]) == [b"v"]
+    server = level._server
+    assert server is not None and server.proc.poll() is None
+    proc = server.proc
+    level.close()
+    assert proc.poll() is not None
