@@ -165,9 +165,7 @@ class _Run:
         """The commit point: forward changes, then make the state durable below the heap."""
         try:
             if completed and self.spec.listeners:
-                calls = _listener_calls(self.spec.listeners)
-                for view in self.scope.views():
-                    forward_changes(view, calls)
+                forward_changes(self.target, _listener_calls(self.spec.listeners))
         finally:
             if completed and self.scope.batch_id is not None:
                 self.ctx.manager.checkpoint(checkpoint_id=self.scope.batch_id)
