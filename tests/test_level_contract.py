@@ -510,3 +510,20 @@ def test_embedded_redis_starts_and_stops_with_the_level():
     proc = server.proc
     level.close()
     assert proc.poll() is not None
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_disk_leaves_no_orphan_value_files(tmp_path, shards):
+    level = DiskLevel(DiskConfig(path=str(tmp_path / "files"), shards=shards))
+    big = os.urandom(100_000)                       # above diskcache's file threshold
+    level.put_many([(b"a", big), (b"b", big), (b"c", big), (b"d", big)])
+    level.put_many([(b"a", b"small now")])          # file -> inside SQLite
+    level.delete_many([b"b"])                       # file removed
+    level.put_many([(b"c", big[::-1])])             # file -> new file
+    level.may_evict = True
+    assert level.get_many([b"a", b"b", b"c", b"d"]) == [b"small now", None, big[::-1], big]
+    assert [str(w.message) for w in level.cache.check()] == []
+    files = [f for _, _, names in os.walk(level.path) for f in names if f.endswith(".val")]
+    assert len(files) == 2
+    assert level.used_bytes() == len(b"small now") + 2 * len(big)
+    level.close()

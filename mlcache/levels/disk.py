@@ -16,7 +16,8 @@ accounting itself:
   of record (``may_evict = False``) raises :class:`~mlcache.errors.CapacityError` before
   changing anything, unless it is ``lossy``.
 
-Every batch call runs in one SQLite transaction per shard touched (``Cache.transact``).
+Every batch call runs in one SQLite transaction per shard touched (``Cache.transact``), with one
+statement per batch where diskcache's per-key calls would cost a statement or two per key.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 import diskcache
-from diskcache.core import UNKNOWN
+from diskcache.core import MODE_RAW, UNKNOWN
 
 from ..config import DiskConfig
 from ..errors import CacheError, CapacityError, LevelUnavailableError
@@ -42,6 +43,18 @@ __all__ = ["DiskLevel"]
 _CHUNK = 500          # bound on SQL variables per statement
 _PAGE = 256           # rows per page when walking eviction candidates or scanning
 _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+
+# One statement per batch instead of diskcache's SELECT + UPDATE/INSERT per key (about ten times
+# fewer microseconds per key). It writes diskcache's own table exactly as ``Cache.set`` would for
+# a bytes value kept inside SQLite, so diskcache's triggers keep the count and size totals; values
+# large enough for a file of their own still go through ``Cache.set``.
+_UPSERT = (
+    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size,"
+    " mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, ?, ?, NULL, ?)"
+    " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, expire_time = NULL,"
+    " access_time = excluded.access_time, access_count = 0, tag = NULL, size = excluded.size,"
+    " mode = excluded.mode, filename = NULL, value = excluded.value"
+)
 
 
 class _SizedDisk(diskcache.Disk):
@@ -153,22 +166,70 @@ class DiskLevel:
                                         level=self.name) from exc
 
     @contextlib.contextmanager
-    def _locked(self, indexes: Sequence[int]) -> Iterator[None]:
-        """One transaction on each shard in ``indexes``, taken in index order (no deadlock)."""
+    def _locked(self, indexes: Sequence[int]) -> Iterator[list[tuple[int, str]]]:
+        """One transaction on each shard in ``indexes``, taken in index order (no deadlock).
+
+        Yields a list for ``(shard, filename)`` of value files the batch made obsolete; they are
+        removed only after every transaction committed (a rollback still needs them).
+        """
+        obsolete: list[tuple[int, str]] = []
         with contextlib.ExitStack() as stack:
             for i in sorted(indexes):
                 stack.enter_context(self._shards[i].transact())
-            yield
+            yield obsolete
+        for i, filename in obsolete:
+            self._shards[i].disk.remove(filename)
+
+    def _files(self, index: int, keys: Sequence[bytes]) -> list[tuple[int, str]]:
+        shard = self._shards[index]
+        found: list[tuple[int, str]] = []
+        for chunk in _chunks(keys):
+            marks = ",".join("?" * len(chunk))
+            rows = shard._sql(f"SELECT filename FROM Cache WHERE raw = 1 AND key IN ({marks})"
+                              " AND filename IS NOT NULL", [sqlite3.Binary(k) for k in chunk])
+            found.extend((index, name) for (name,) in rows)
+        return found
+
+    def _write(self, index: int, items: Sequence[tuple[bytes, bytes]],
+               obsolete: list[tuple[int, str]]) -> None:
+        """Store ``items`` in shard ``index``; call inside ``_locked``."""
+        shard = self._shards[index]
+        limit = shard.disk.min_file_size
+        small = [(k, v) for k, v in items if len(v) < limit]
+        if small:
+            obsolete.extend(self._files(index, [k for k, _ in small]))
+            now = time.time()
+            shard._con.executemany(_UPSERT, [
+                (sqlite3.Binary(k), now, now, len(v), MODE_RAW, sqlite3.Binary(v))
+                for k, v in small])
+        if len(small) < len(items):
+            for key, value in items:
+                if len(value) >= limit:
+                    shard.set(key, value)    # a file of its own; diskcache replaces the old one
+
+    def _remove(self, index: int, keys: Sequence[bytes],
+                obsolete: list[tuple[int, str]]) -> None:
+        """Delete ``keys`` from shard ``index``; call inside ``_locked``."""
+        obsolete.extend(self._files(index, keys))
+        shard = self._shards[index]
+        for chunk in _chunks(keys):
+            marks = ",".join("?" * len(chunk))
+            shard._sql(f"DELETE FROM Cache WHERE raw = 1 AND key IN ({marks})",
+                       [sqlite3.Binary(k) for k in chunk])
 
     # -- reads -----------------------------------------------------------------------------
 
     def _fetch_rows(self, shard: diskcache.Cache, keys: Sequence[bytes]) -> dict[bytes, bytes]:
         found: dict[bytes, bytes] = {}
         for chunk in _chunks(keys):
-            marks = ",".join("?" * len(chunk))
-            rows = shard._sql(
-                f"SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN ({marks})",
-                [sqlite3.Binary(k) for k in chunk]).fetchall()
+            if len(chunk) == 1:
+                rows = shard._sql("SELECT key, mode, filename, value FROM Cache WHERE key = ?"
+                                  " AND raw = 1", (sqlite3.Binary(chunk[0]),)).fetchall()
+            else:
+                marks = ",".join("?" * len(chunk))
+                rows = shard._sql("SELECT key, mode, filename, value FROM Cache WHERE raw = 1"
+                                  f" AND key IN ({marks})",
+                                  [sqlite3.Binary(k) for k in chunk]).fetchall()
             for key, mode, filename, value in rows:
                 try:
                     data = shard.disk.fetch(mode, filename, value, False)
@@ -218,16 +279,15 @@ class DiskLevel:
         with self._guard("put"):
             if self.max_bytes is None:
                 groups = self._group(list(batch))
-                with self._locked(list(groups)):
+                with self._locked(list(groups)) as obsolete:
                     for index, group in groups.items():
-                        shard = self._shards[index]
-                        for key in group:
-                            shard.set(key, batch[key])
+                        self._write(index, [(k, batch[k]) for k in group], obsolete)
                 return []
-            with self._locked(range(len(self._shards))):
-                return self._put_bounded(batch, self.max_bytes)
+            with self._locked(range(len(self._shards))) as obsolete:
+                return self._put_bounded(batch, self.max_bytes, obsolete)
 
-    def _put_bounded(self, batch: dict[bytes, bytes], limit: int) -> Victims:
+    def _put_bounded(self, batch: dict[bytes, bytes], limit: int,
+                     obsolete: list[tuple[int, str]]) -> Victims:
         used = self._used()
         new = {k: len(v) for k, v in batch.items()}
         old = self._sizes(list(batch))
@@ -239,18 +299,15 @@ class DiskLevel:
         victims: Victims = []
         if plan.evict:
             values = self._read_locked(plan.evict)
-            for key in plan.evict:
-                if key in values:
-                    victims.append((key, values[key]))
-                self._shards[self._shard_index(key)].delete(key)
+            victims += [(k, values[k]) for k in plan.evict if k in values]
         passed = set(plan.passthrough)
-        for key in plan.passthrough:
-            victims.append((key, batch[key]))
-            if key in old:
-                self._shards[self._shard_index(key)].delete(key)
-        for key, value in batch.items():
-            if key not in passed:
-                self._shards[self._shard_index(key)].set(key, value)
+        victims += [(k, batch[k]) for k in plan.passthrough]
+        gone = plan.evict + [k for k in plan.passthrough if k in old]
+        for index, group in self._group(gone).items():
+            self._remove(index, group, obsolete)
+        staying = [k for k in batch if k not in passed]
+        for index, group in self._group(staying).items():
+            self._write(index, [(k, batch[k]) for k in group], obsolete)
         return victims if self.may_evict else []
 
     def _read_locked(self, keys: list[bytes]) -> dict[bytes, bytes]:
@@ -296,12 +353,10 @@ class DiskLevel:
         if not keys:
             return
         with self._guard("delete"):
-            groups = self._group([bytes(k) for k in keys])
-            with self._locked(list(groups)):
+            groups = self._group(list(dict.fromkeys(bytes(k) for k in keys)))
+            with self._locked(list(groups)) as obsolete:
                 for index, group in groups.items():
-                    shard = self._shards[index]
-                    for key in group:
-                        shard.delete(key)
+                    self._remove(index, group, obsolete)
 
     def delete(self, key: bytes) -> None:
         self.delete_many([key])
