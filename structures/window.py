@@ -23,6 +23,7 @@ import operator
 import os
 import shutil
 import tempfile
+import weakref
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import msgpack
@@ -97,7 +98,11 @@ class _Windows:
             self._next_slide = int(slide) if kind == "count" else -math.inf
         for i, w in enumerate(self._wins):
             self._repo.policy.set_cursor(i, w.seq)
-        self.append = self._pick_append()
+        self.append = self._pick_append()  # type: ignore[method-assign]
+        # a window dropped without close() still releases its file (and its temporary
+        # directory); its state is only persisted by close()
+        self._finalizer = weakref.finalize(self, _discard, self._repo,
+                                           self.directory if self._own_dir else None)
 
     # -- validation --------------------------------------------------------------------------
     @staticmethod
@@ -209,6 +214,7 @@ class _Windows:
     def extend(self, batch: Any, ts: Any = None) -> None:
         """Add many tuples: ``extend(records, ts)`` with parallel sequences or numpy arrays (the
         vectorised path for numeric windows), or ``extend(pairs)`` of ``(record, ts)``."""
+        self._check_open()
         if ts is None and self.kind == "time":
             pairs = list(batch)
             batch = [p[0] for p in pairs]
@@ -547,9 +553,9 @@ class _Windows:
         if self._closed:
             return
         self._closed = True
+        self.append = self._append_closed  # type: ignore[method-assign]
         if self._own_dir:
-            self._repo.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
+            self._finalizer()
             return
         self._apply_pending()
         self._repo.flush()
@@ -560,7 +566,10 @@ class _Windows:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, os.path.join(self.directory, _META))
-        self._repo.close()
+        self._finalizer()
+
+    def _append_closed(self, record: Any, ts: float | None = None) -> None:
+        self._check_open()
 
     def __enter__(self) -> "_Windows":
         return self
@@ -617,6 +626,12 @@ class _Windows:
         decode = (lambda r: tuple(r)) if self.columns is not None else (lambda r: r)
         for w, st in zip(self._wins, meta["windows"]):
             w.restore(st, decode)
+
+
+def _discard(repo: BlockRepository, temp_dir: str | None) -> None:
+    repo.close()
+    if temp_dir is not None:
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _plain(x: Any) -> Any:

@@ -237,3 +237,23 @@ def test_empty_window_and_count_window_without_timestamps():
     win.extend([1, 2, 3, 4, 5])
     assert win.result().sum == 12.0
     win.close()
+
+
+def test_closed_windows_refuse_appends_and_temporary_directories_go_away():
+    import gc
+    import os
+
+    win = SlidingWindow(10.0, columns=COLS, value="v")
+    path = win.directory
+    win.append((0, 1.0, 1.0), 1.0)
+    win.close()
+    assert not os.path.exists(path)
+    for call in (lambda: win.append((0, 1.0, 1.0), 2.0), lambda: win.extend([(0, 1.0, 1.0)], [2.0]),
+                 win.result):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    dropped = SlidingWindow(10.0, columns=COLS, value="v")
+    path = dropped.directory
+    del dropped
+    gc.collect()
+    assert not os.path.exists(path)
