@@ -75,8 +75,11 @@ class WTinyLFUPolicy(BasePolicy):
         self._adaptive = adaptive
         self._ghost_frac = ghost
         self._step_frac = step
-        self._wghost: OrderedDict[Hashable, None] = OrderedDict()
-        self._mghost: OrderedDict[Hashable, None] = OrderedDict()
+        # ghost key -> True when it lost a tie (equal frequencies): feeds the tie rule below
+        self._wghost: OrderedDict[Hashable, bool] = OrderedDict()
+        self._mghost: OrderedDict[Hashable, bool] = OrderedDict()
+        self._tie_score = 0
+        self._tie = False
         entries = expected_entries or min(capacity, 1 << 16)
         self.sketch = FrequencySketch(max(16, entries), seed=seed)
         self._pending: dict[Hashable, int] = {}
@@ -220,19 +223,26 @@ class WTinyLFUPolicy(BasePolicy):
         else:
             vf = self._freq(victim)
             self._victim, self._victim_freq = victim, vf
+        self._tie = False
         if vf == 0:
             return True  # the candidate has at least its own access
         cf = self._freq(candidate)
         if cf > vf:
             return True
+        if cf == vf:
+            self._tie = True
+            if self._tie_score > 0:
+                return True
         return cf >= _WARM and self._rng.getrandbits(7) == 0
 
     def _adapt(self, key: Hashable) -> None:
         if key in self._wghost:
-            del self._wghost[key]
+            if self._wghost.pop(key) and self._tie_score < 8:
+                self._tie_score += 1  # a tie we refused came back: ties should go to newcomers
             grow = True
         elif key in self._mghost:
-            del self._mghost[key]
+            if self._mghost.pop(key) and self._tie_score > -8:
+                self._tie_score -= 1  # a victim a newcomer beat on a tie came back
             grow = False
         else:
             return
@@ -242,8 +252,8 @@ class WTinyLFUPolicy(BasePolicy):
         else:
             self._window_max = max(1.0, self._window_max - step)
 
-    def _ghost(self, ghost: OrderedDict, key: Hashable) -> None:
-        ghost[key] = None
+    def _ghost(self, ghost: OrderedDict, key: Hashable, tie: bool = False) -> None:
+        ghost[key] = tie
         if len(ghost) > max(8, int(len(self) * self._ghost_frac)):
             ghost.popitem(last=False)
 
@@ -267,12 +277,12 @@ class WTinyLFUPolicy(BasePolicy):
                     self.total_weight -= vw
                     victims.append(victim)
                     if self._adaptive:
-                        self._ghost(self._mghost, victim)
+                        self._ghost(self._mghost, victim, self._tie)
                 if self.total_weight > capacity:  # lost: the candidate leaves
                     self.total_weight -= cw
                     victims.append(cand)
                     if self._adaptive:
-                        self._ghost(self._wghost, cand)
+                        self._ghost(self._wghost, cand, self._tie)
                     continue
             prob[cand] = cw
             self._psize += cw
