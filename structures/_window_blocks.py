@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from array import array
+from typing import Any, Iterator
 
 import msgpack
 import numpy as np
 
 from mlcache.policies.slidem import SlideMPolicy
 
-__all__ = ["Block", "NumericCodec", "GeneralCodec", "BlockRepository"]
+__all__ = ["Block", "BlockTable", "NumericCodec", "GeneralCodec", "BlockRepository"]
 
 _F8 = np.dtype("<f8")
 
@@ -39,7 +40,7 @@ class Block:
     the aggregates (only the recent block can have ``applied < n``).
     """
 
-    __slots__ = ("seq", "start", "n", "applied", "ts", "data", "slot", "dirty", "nbytes",
+    __slots__ = ("seq", "start", "n", "applied", "ts", "data", "dirty", "nbytes",
                  "first_ts", "last_ts")
 
     def __init__(self, seq: int, start: int) -> None:
@@ -49,7 +50,6 @@ class Block:
         self.applied = 0
         self.ts: Any = None
         self.data: Any = None
-        self.slot = -1
         self.dirty = False
         self.nbytes = 0
         self.first_ts = 0.0
@@ -93,14 +93,6 @@ class NumericCodec:
 
     def full(self, blk: Block) -> bool:
         return blk.n >= self.capacity
-
-    def reopen(self, blk: Block) -> None:
-        """Turn a decoded partial block back into a writable recent block."""
-        ts = np.empty(self.capacity, _F8)
-        data = np.empty((self.capacity, self.ncols), _F8)
-        ts[: blk.n] = blk.ts
-        data[: blk.n] = blk.data
-        blk.ts, blk.data = ts, data
 
 
 class GeneralCodec:
@@ -148,16 +140,79 @@ class GeneralCodec:
     def full(self, blk: Block) -> bool:
         return False  # checked per record against nbytes
 
-    def reopen(self, blk: Block) -> None:
-        blk.ts = [float(t) for t in blk.ts]
-        blk.data = list(blk.data)
+
+class BlockTable:
+    """What is known of every live sealed block, in compact arrays (36 bytes a block).
+
+    Live sealed blocks always form one run of sequence numbers: blocks are added at the newest
+    end and released from the oldest end, so the table is a few arrays indexed by
+    ``seq - base`` with a released prefix compacted from time to time. A window of 30 GB in
+    64 KiB blocks costs 17 MB of table rather than the hundreds a Python object per block would.
+    """
+
+    def __init__(self) -> None:
+        self.base = 0  # sequence number of index 0
+        self.dead = 0  # released entries at the front
+        self.start = array("q")
+        self.first_ts = array("d")
+        self.n = array("i")
+        self.slot = array("i")
+        self.nbytes = array("i")
+
+    def __len__(self) -> int:
+        return len(self.start) - self.dead
+
+    def __contains__(self, seq: object) -> bool:
+        return isinstance(seq, int) and self.dead <= seq - self.base < len(self.start)
+
+    def seqs(self) -> Iterator[int]:
+        return iter(range(self.base + self.dead, self.base + len(self.start)))
+
+    def append(self, seq: int, start: int, n: int, first_ts: float, slot: int, nbytes: int) -> None:
+        if len(self) == 0:
+            self.base, self.dead = seq, 0
+            for arr in self._arrays():
+                del arr[:]
+        elif seq != self.base + len(self.start):
+            raise ValueError(f"block {seq} does not follow block {self.base + len(self.start) - 1}")
+        self.start.append(start)
+        self.first_ts.append(first_ts)
+        self.n.append(n)
+        self.slot.append(slot)
+        self.nbytes.append(nbytes)
+
+    def pop_oldest(self, seq: int) -> int:
+        """Forget the oldest block (it must be ``seq``); returns its slot."""
+        i = seq - self.base
+        if i != self.dead:
+            raise ValueError(f"block {seq} is not the oldest live block")
+        slot = self.slot[i]
+        self.dead += 1
+        if self.dead >= 1024 and 2 * self.dead >= len(self.start):
+            for arr in self._arrays():
+                del arr[: self.dead]
+            self.base += self.dead
+            self.dead = 0
+        return slot
+
+    def index(self, seq: int) -> int:
+        if seq not in self:
+            raise KeyError(seq)
+        return seq - self.base
+
+    def nbytes_of_memory(self) -> int:
+        return sum(a.itemsize * a.buffer_info()[1] for a in self._arrays())
+
+    def _arrays(self) -> tuple[array, ...]:
+        return self.start, self.first_ts, self.n, self.slot, self.nbytes
 
 
 class BlockRepository:
     """Sealed blocks of one stream: buffer pool, data file with free-slot reuse, I/O accounting.
 
     ``buffer_blocks`` counts every frame, the recent block's included, so the pool policy holds
-    ``buffer_blocks - 1`` sealed blocks.
+    ``buffer_blocks - 1`` sealed blocks. ``table`` describes every live sealed block;
+    ``resident`` holds the :class:`Block` objects (with their data) of those in the pool.
     """
 
     def __init__(self, path: str, block_size: int, buffer_blocks: int, codec: Any) -> None:
@@ -169,7 +224,7 @@ class BlockRepository:
         self.buffer_blocks = buffer_blocks
         self.codec = codec
         self.policy = SlideMPolicy(buffer_blocks - 1)
-        self.blocks: dict[int, Block] = {}  # every live sealed block, resident or not
+        self.table = BlockTable()
         self.resident: dict[int, Block] = {}
         self.free_slots: list[int] = []
         self.file_slots = 0
@@ -186,13 +241,19 @@ class BlockRepository:
     def add_sealed(self, blk: Block) -> None:
         self.codec.seal(blk)
         blk.dirty = True
-        self.blocks[blk.seq] = blk
+        self.table.append(blk.seq, blk.start, blk.n, blk.first_ts, -1, blk.nbytes)
         self.resident[blk.seq] = blk
         self.newest = blk.seq
-        if len(self.blocks) > self.peak_live:
-            self.peak_live = len(self.blocks)
+        if len(self.table) > self.peak_live:
+            self.peak_live = len(self.table)
         for victim in self.policy.insert(blk.seq):
             self._evict(victim)
+
+    def meta(self, seq: int) -> tuple[int, int, float]:
+        """``(start, n, first_ts)`` of live sealed block ``seq``."""
+        t = self.table
+        i = t.index(seq)
+        return t.start[i], t.n[i], t.first_ts[i]
 
     def get(self, seq: int) -> tuple[Any, Any]:
         """``(ts, data)`` of sealed block ``seq``, read from the data file if not resident.
@@ -203,21 +264,20 @@ class BlockRepository:
         blk = self.resident.get(seq)
         if blk is not None:
             return blk.ts, blk.data
-        return self._read(self.blocks[seq])
+        return self._read(seq)
 
     # -- Procedure 2: a block every window has expired gives its slot back --------------------
     def release(self, seq: int) -> None:
-        blk = self.blocks.pop(seq)
+        slot = self.table.pop_oldest(seq)
         self.resident.pop(seq, None)
         self.policy.remove(seq)
-        if blk.slot >= 0:
-            self.free_slots.append(blk.slot)
-        blk.data = blk.ts = None
+        if slot >= 0:
+            self.free_slots.append(slot)
 
     def prefetch(self) -> None:
         for seq in self.policy.prefetch_candidates(self.newest):
-            if seq in self.blocks:
-                self._read(self.blocks[seq])
+            if seq in self.table:
+                self._read(seq)
                 self.prefetches += 1
 
     def flush(self) -> None:
@@ -236,39 +296,48 @@ class BlockRepository:
         blk = self.resident.pop(seq)
         if blk.dirty:
             self._write(blk)
-        blk.data = blk.ts = None
 
     def _write(self, blk: Block) -> None:
-        if blk.slot < 0:
+        t = self.table
+        i = t.index(blk.seq)
+        slot = t.slot[i]
+        if slot < 0:
             if self.free_slots:
-                blk.slot = self.free_slots.pop()
+                slot = self.free_slots.pop()
             else:
-                blk.slot = self.file_slots
+                slot = self.file_slots
                 self.file_slots += 1
         buf = self.codec.encode(blk)
         t0 = time.perf_counter()
-        os.pwrite(self._fd, buf, blk.slot * self.block_size)
+        os.pwrite(self._fd, buf, slot * self.block_size)
         self.io_seconds += time.perf_counter() - t0
-        blk.nbytes = len(buf)
+        t.slot[i] = slot
+        t.nbytes[i] = len(buf)
         blk.dirty = False
         self.writes += 1
         self.bytes_written += len(buf)
 
-    def _read(self, blk: Block) -> tuple[Any, Any]:
+    def _read(self, seq: int) -> tuple[Any, Any]:
+        t = self.table
+        i = t.index(seq)
+        nbytes, slot = t.nbytes[i], t.slot[i]
         t0 = time.perf_counter()
-        buf = os.pread(self._fd, blk.nbytes, blk.slot * self.block_size)
+        buf = os.pread(self._fd, nbytes, slot * self.block_size)
         self.io_seconds += time.perf_counter() - t0
-        if len(buf) != blk.nbytes:
+        if len(buf) != nbytes:
             from mlcache.errors import IntegrityError
 
-            raise IntegrityError(f"block {blk.seq}: read {len(buf)} of {blk.nbytes} bytes from "
+            raise IntegrityError(f"block {seq}: read {len(buf)} of {nbytes} bytes from "
                                  f"{self.path}", level="window")
+        blk = Block(seq, t.start[i])
+        blk.n = blk.applied = t.n[i]
+        blk.first_ts = t.first_ts[i]
         self.codec.decode(blk, buf)
         self.reads += 1
         self.bytes_read += len(buf)
-        self.resident[blk.seq] = blk
+        self.resident[seq] = blk
         arrays = blk.ts, blk.data
-        for victim in self.policy.insert(blk.seq):
+        for victim in self.policy.insert(seq):
             self._evict(victim)
         return arrays
 
@@ -286,15 +355,21 @@ class BlockRepository:
             "io_seconds": self.io_seconds,
             "resident_blocks": len(self.resident) + 1,  # + the recent block's frame
             "pool_bytes": (len(self.resident) + 1) * self.block_size,
-            "live_blocks": len(self.blocks) + (self.recent_n > 0),
+            "table_bytes": self.table.nbytes_of_memory(),
+            "live_blocks": len(self.table) + (self.recent_n > 0),
             "peak_live_blocks": self.peak_live,
             "file_slots": self.file_slots,
             "free_slots": len(self.free_slots),
         }
 
     def state(self) -> dict[str, Any]:
+        t = self.table
+        rows = []
+        for seq in t.seqs():
+            i = seq - t.base
+            rows.append([seq, t.start[i], t.n[i], t.first_ts[i], t.slot[i], t.nbytes[i]])
         return {
-            "blocks": [[b.seq, b.start, b.n, b.slot, b.nbytes] for b in self.blocks.values()],
+            "blocks": rows,
             "free_slots": self.free_slots,
             "file_slots": self.file_slots,
             "newest": self.newest,
@@ -302,10 +377,8 @@ class BlockRepository:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        for seq, start, n, slot, nbytes in state["blocks"]:
-            blk = Block(seq, start)
-            blk.n, blk.applied, blk.slot, blk.nbytes = n, n, slot, nbytes
-            self.blocks[seq] = blk
+        for seq, start, n, first_ts, slot, nbytes in state["blocks"]:
+            self.table.append(seq, start, n, first_ts, slot, nbytes)
         self.free_slots = list(state["free_slots"])
         self.file_slots = state["file_slots"]
         self.newest = state["newest"]

@@ -404,18 +404,18 @@ class _Windows:
         repo = self._repo
         while True:
             seq, off = w.seq, w.off
-            if seq == cur.seq:
-                blk, n = cur, cur.applied
+            recent = seq == cur.seq
+            if recent:
+                start, n, first_ts = cur.start, cur.applied, -math.inf
             else:
-                blk = repo.blocks[seq]
-                n = blk.n
+                start, n, first_ts = repo.meta(seq)
             if off < n:
                 if cutoff is not None:
-                    if blk is not cur and (blk.first_ts if off == 0 else w.next_ts) > cutoff:
+                    if not recent and (first_ts if off == 0 else w.next_ts) > cutoff:
                         return  # nothing due: do not read the block
-                elif blk.start + off >= target:  # type: ignore[operator]
+                elif start + off >= target:  # type: ignore[operator]
                     return
-                if blk is cur:
+                if recent:
                     ts, data = cur.ts, cur.data
                 else:
                     ts, data = repo.get(seq)
@@ -423,14 +423,14 @@ class _Windows:
                     end = n if ts[n - 1] <= cutoff else off + int(
                         np.searchsorted(ts[off:n], cutoff, "right"))
                 else:
-                    end = min(n, target - blk.start)  # type: ignore[operator]
+                    end = min(n, target - start)  # type: ignore[operator]
                 if end > off:
                     w.add(self._partial(ts, data, off, end), -1)
                     w.off = end
                 if end < n:
                     w.next_ts = float(ts[end])
                     return
-            if seq == cur.seq:
+            if recent:
                 return
             w.seq, w.off = seq + 1, 0
             repo.policy.set_cursor(i, seq + 1)
@@ -506,10 +506,10 @@ class _Windows:
             if cur.applied > w.off:
                 parts.append(self._partial(cur.ts, cur.data, w.off, cur.applied))
         else:
-            blk = self._repo.blocks[w.seq]
-            if blk.n > w.off:
+            n = self._repo.meta(w.seq)[1]
+            if n > w.off:
                 ts, data = self._repo.get(w.seq)
-                parts.append(self._partial(ts, data, w.off, blk.n))
+                parts.append(self._partial(ts, data, w.off, n))
             if cur.applied:
                 parts.append(self._partial(cur.ts, cur.data, 0, cur.applied))
         for t, _, rec in w.late:
@@ -535,13 +535,16 @@ class _Windows:
         return self._codec.capacity if self.columns is not None else 0
 
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes held in memory: the buffer pool (resident block frames) and per-group state."""
+        """Bytes held in memory: the buffer pool (resident block frames), per-group state and
+        the table of live blocks (36 bytes a block)."""
         state = sum(w.cnt.nbytes + w.sw.nbytes + w.swv.nbytes + w.swv2.nbytes
                     + 64 * sum(len(d) for d in w.mins.values())
                     + 64 * sum(len(d) for d in w.maxs.values()) + 96 * len(w.late)
                     for w in self._wins)
-        pool = self._repo.stats()["pool_bytes"]
-        return {"pool": pool, "group_state": state, "total": pool + state}
+        stats = self._repo.stats()
+        pool, table = stats["pool_bytes"], stats["table_bytes"]
+        return {"pool": pool, "group_state": state, "block_table": table,
+                "total": pool + state + table}
 
     def _check_open(self) -> None:
         if self._closed:
@@ -591,7 +594,6 @@ class _Windows:
             cur_data, cur_ts = cur.data, list(cur.ts)
         return {
             "version": 1, "fingerprint": self._fingerprint(), "repo": self._repo.state(),
-            "blocks_first_ts": [[b.seq, b.first_ts] for b in self._repo.blocks.values()],
             "cur": [cur.seq, cur.start, cur.n, cur_ts, cur_data],
             "wm": self._wm, "next_slide": self._next_slide, "oldest": self._oldest,
             "late": [self.late_accepted, self.late_dropped, self._late_seq],
@@ -606,8 +608,6 @@ class _Windows:
             raise ConfigError("directory", f"{self.directory} holds a window with another "
                               f"configuration: {meta['fingerprint']!r}")
         self._repo.restore(meta["repo"])
-        for seq, first in meta["blocks_first_ts"]:
-            self._repo.blocks[seq].first_ts = first
         seq, start, n, cur_ts, cur_data = meta["cur"]
         cur = self._codec.new_block(seq, start)
         if self.columns is not None:

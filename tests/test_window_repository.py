@@ -25,9 +25,9 @@ def spy(win):
         writes.append(blk.seq)
         write(blk)
 
-    def _read(blk):
-        reads.append(blk.seq)
-        return read(blk)
+    def _read(seq):
+        reads.append(seq)
+        return read(seq)
 
     repo._write, repo._read = _write, _read
     return writes, reads
@@ -257,3 +257,19 @@ def test_closed_windows_refuse_appends_and_temporary_directories_go_away():
     del dropped
     gc.collect()
     assert not os.path.exists(path)
+
+
+def test_long_streams_compact_the_block_table(tmp_path):
+    win = SlidingWindow(20, kind="count", columns=COLS, value="v", block_size=64,
+                        directory=tmp_path)  # 2 tuples a block
+    for i in range(10_000):
+        win.append((0, float(i), 1.0))
+    assert win.result().sum == sum(range(9_980, 10_000))
+    assert win._repo.table.base > 0  # the released prefix was compacted away
+    assert win.memory_bytes()["block_table"] < 2048 * 36
+    win.close()
+    again = SlidingWindow(20, kind="count", columns=COLS, value="v", block_size=64,
+                          directory=tmp_path)
+    again.extend([(0, 1.0, 1.0)] * 5)
+    assert again.result().sum == sum(range(9_985, 10_000)) + 5
+    again.close()
