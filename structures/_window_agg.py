@@ -27,7 +27,7 @@ class Aggregate(NamedTuple):
     """The aggregates of one window (and group). ``sum`` is ``Σw·v``; ``avg`` the weighted mean
     (the VWAP when the weight is the volume); ``var`` the population variance."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, deliberately
     sum: float
     weight: float
     avg: float
@@ -112,8 +112,8 @@ def partial(vals: np.ndarray, wts: np.ndarray | None, gkeys: Any, groups: GroupT
     k = len(codes)
     wv = vals if wts is None else wts * vals
     cnt = np.bincount(inv, minlength=k)
-    sw = cnt.astype(np.float64) if wts is None else np.bincount(inv, wts, k)
-    return Partial(codes, cnt, sw, np.bincount(inv, wv, k), np.bincount(inv, wv * vals, k),
+    wsum = cnt.astype(np.float64) if wts is None else np.bincount(inv, wts, k)
+    return Partial(codes, cnt, wsum, np.bincount(inv, wv, k), np.bincount(inv, wv * vals, k),
                    inv, vals)
 
 

@@ -189,7 +189,7 @@ class _Windows:
         if self.kind == "time":
             try:
                 if ts < self._wm:  # type: ignore[operator]
-                    return self._late(record, ts)
+                    return self._late(record, ts)  # type: ignore[arg-type]
             except TypeError:
                 raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
             if ts > self._next_slide:  # type: ignore[operator]

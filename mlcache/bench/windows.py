@@ -95,7 +95,7 @@ def _table1_row(report: BenchReport, variant: str, block_size: int, window_tuple
         s1 = win.io_stats()
         # per-event latency on a separate timed pass, so timing does not slow the rate above
         clock = time.perf_counter
-        lats = []
+        lats: list[float] = []
         record = lats.append
         for r, t in zip(lat_recs, lat_ts):
             a = clock()
@@ -122,6 +122,7 @@ def _table1_row(report: BenchReport, variant: str, block_size: int, window_tuple
         variant, events=events, events_per_s=lam, lat_avg_us=lat_avg * 1e6,
         lat_max_us=lat_max * 1e6, **pct, iops=iops, iops_formula=formula, iops_ratio=iops / formula,
         pool_blocks=pool_max / block_size, group_state_kib=mem["group_state"] / 1024,
+        block_table_kib=mem["block_table"] / 1024,
         window_mib=window_tuples * TUPLE_SIZE / 2**20)
 
 
