@@ -188,7 +188,7 @@ class BlockTable:
             raise ValueError(f"block {seq} is not the oldest live block")
         slot = self.slot[i]
         self.dead += 1
-        if self.dead >= 1024 and 2 * self.dead >= len(self.start):
+        if self.dead >= 64 and 2 * self.dead >= len(self.start):
             for arr in self._arrays():
                 del arr[: self.dead]
             self.base += self.dead

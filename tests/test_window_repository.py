@@ -266,7 +266,7 @@ def test_long_streams_compact_the_block_table(tmp_path):
         win.append((0, float(i), 1.0))
     assert win.result().sum == sum(range(9_980, 10_000))
     assert win._repo.table.base > 0  # the released prefix was compacted away
-    assert win.memory_bytes()["block_table"] < 2048 * 36
+    assert win.memory_bytes()["block_table"] < 256 * 36
     win.close()
     again = SlidingWindow(20, kind="count", columns=COLS, value="v", block_size=64,
                           directory=tmp_path)
