@@ -21,7 +21,6 @@ import heapq
 import math
 import operator
 import os
-import shutil
 import tempfile
 import weakref
 from typing import Any, Callable, Hashable, Iterable, Sequence
@@ -33,6 +32,8 @@ from mlcache.errors import ConfigError
 
 from ._window_agg import Aggregate, GroupTable, WindowState, extremes, partial
 from ._window_blocks import BlockRepository, GeneralCodec, NumericCodec
+from ._window_persist import discard, dump_state, load_state
+from ._window_results import window_result
 
 __all__ = ["SlidingWindow", "SharedWindows", "Aggregate"]
 
@@ -101,7 +102,7 @@ class _Windows:
         self.append = self._pick_append()  # type: ignore[method-assign]
         # a window dropped without close() still releases its file (and its temporary
         # directory); its state is only persisted by close()
-        self._finalizer = weakref.finalize(self, _discard, self._repo,
+        self._finalizer = weakref.finalize(self, discard, self._repo,
                                            self.directory if self._own_dir else None)
 
     # -- validation --------------------------------------------------------------------------
@@ -477,50 +478,7 @@ class _Windows:
         self._expire()
 
     def _result(self, w: WindowState) -> Any:
-        exact = self._exact_extremes(w) if self.minmax else {}
-        if not self._grouped:
-            lo, hi = self._combine(w, 0, exact)
-            return w.result(0, lo, hi)
-        assert self._groups is not None
-        out = {}
-        for c in w.live_codes():
-            lo, hi = self._combine(w, c, exact)
-            out[self._groups.key(c)] = w.result(c, lo, hi)
-        return out
-
-    def _combine(self, w: WindowState, code: int, exact: dict) -> tuple[Any, Any]:
-        if not self.minmax:
-            return None, None
-        lo, hi = w.block_extreme(code)
-        elo, ehi = exact.get(code, (None, None))
-        lo = elo if lo is None else (lo if elo is None else min(lo, elo))
-        hi = ehi if hi is None else (hi if ehi is None else max(hi, ehi))
-        return lo, hi
-
-    def _exact_extremes(self, w: WindowState) -> dict[int, tuple[float, float]]:
-        """Per group min/max over the live part of the ancient block, the recent block and the
-        late tuples — the parts no deque entry covers."""
-        cur = self._cur
-        parts = []
-        if w.seq == cur.seq:
-            if cur.applied > w.off:
-                parts.append(self._partial(cur.ts, cur.data, w.off, cur.applied))
-        else:
-            n = self._repo.meta(w.seq)[1]
-            if n > w.off:
-                ts, data = self._repo.get(w.seq)
-                parts.append(self._partial(ts, data, w.off, n))
-            if cur.applied:
-                parts.append(self._partial(cur.ts, cur.data, 0, cur.applied))
-        for t, _, rec in w.late:
-            data = np.asarray([rec], _F8) if self.columns is not None else [rec]
-            parts.append(self._partial(np.array([t]), data, 0, 1))
-        out: dict[int, tuple[float, float]] = {}
-        for p in parts:
-            for c, lo, hi in zip(*(a.tolist() for a in extremes(p))):
-                old = out.get(c)
-                out[c] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
-        return out
+        return window_result(self, w)
 
     # -- accounting, persistence ------------------------------------------------------------------
     def io_stats(self) -> dict[str, Any]:
@@ -580,64 +538,11 @@ class _Windows:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _fingerprint(self) -> list:
-        return [self.kind, self.ranges, self.block_size, self._codec.kind, self.columns,
-                [getattr(self, a, None) for a in ("_vi", "_wi", "_gi")], self._grouped,
-                self.minmax, self.slide]
-
     def _dump(self) -> dict[str, Any]:
-        cur = self._cur
-        if self.columns is not None:
-            cur_data: Any = np.ascontiguousarray(cur.data[: cur.n]).tobytes()
-            cur_ts: Any = cur.ts[: cur.n].tobytes()
-        else:
-            cur_data, cur_ts = cur.data, list(cur.ts)
-        return {
-            "version": 1, "fingerprint": self._fingerprint(), "repo": self._repo.state(),
-            "cur": [cur.seq, cur.start, cur.n, cur_ts, cur_data],
-            "wm": self._wm, "next_slide": self._next_slide, "oldest": self._oldest,
-            "late": [self.late_accepted, self.late_dropped, self._late_seq],
-            "groups": self._groups.keys if self._groups is not None else None,
-            "windows": [w.state() for w in self._wins],
-        }
+        return dump_state(self)
 
     def _load(self, path: str) -> None:
-        with open(path, "rb") as fh:
-            meta = msgpack.unpackb(fh.read(), raw=False, use_list=False, strict_map_key=False)
-        if list(map(_plain, meta["fingerprint"])) != list(map(_plain, self._fingerprint())):
-            raise ConfigError("directory", f"{self.directory} holds a window with another "
-                              f"configuration: {meta['fingerprint']!r}")
-        self._repo.restore(meta["repo"])
-        seq, start, n, cur_ts, cur_data = meta["cur"]
-        cur = self._codec.new_block(seq, start)
-        if self.columns is not None:
-            cur.ts[:n] = np.frombuffer(cur_ts, _F8, n)
-            cur.data[:n] = np.frombuffer(cur_data, _F8).reshape(n, len(self.columns))
-        else:
-            cur.ts, cur.data = [float(t) for t in cur_ts], list(cur_data)
-            cur.nbytes += sum(self._codec.record_size(r) for r in cur.data)
-        cur.n = cur.applied = n
-        self._cur = cur
-        self._wm, self._next_slide, self._oldest = meta["wm"], meta["next_slide"], meta["oldest"]
-        self.late_accepted, self.late_dropped, self._late_seq = meta["late"]
-        if self._groups is not None:
-            for k in meta["groups"]:
-                self._groups.code(k)
-        decode = (lambda r: tuple(r)) if self.columns is not None else (lambda r: r)
-        for w, st in zip(self._wins, meta["windows"]):
-            w.restore(st, decode)
-
-
-def _discard(repo: BlockRepository, temp_dir: str | None) -> None:
-    repo.close()
-    if temp_dir is not None:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
+        load_state(self, path)
 
 
 def _getter(spec: Any) -> Callable[[Any], Any] | None:
