@@ -527,3 +527,28 @@ def test_disk_leaves_no_orphan_value_files(tmp_path, shards):
     assert len(files) == 2
     assert level.used_bytes() == len(b"small now") + 2 * len(big)
     level.close()
+
+
+def test_redis_outage_raises_then_the_level_recovers():
+    from mlcache._redis_server import RedisServer
+    from mlcache.errors import LevelUnavailableError
+
+    server = RedisServer().start()
+    level = RedisLevel(RedisConfig(url=server.url, prefix="outage", retries=1,
+                                   socket_timeout=2.0, max_bytes=10_000))
+    try:
+        level.put_many([(b"k", b"before")])
+        server.kill()
+        for call in (lambda: level.get_many([b"k"]), lambda: level.put_many([(b"k", b"x")]),
+                     lambda: level.delete_many([b"k"])):
+            with pytest.raises(LevelUnavailableError) as info:
+                call()
+            assert info.value.retryable and info.value.level == "redis"
+        server.start()                     # same port, empty (no persistence configured)
+        assert level.get_many([b"k"]) == [None]
+        assert level.put_many([(b"k", b"after")]) == []
+        assert level.get_many([b"k"]) == [b"after"]
+        assert level.used_bytes() == len(b"after")
+    finally:
+        level.close()
+        server.cleanup()

@@ -80,9 +80,9 @@ class RedisLevel:
         self.may_evict = True
         self.max_bytes = self.config.max_bytes
         self.prefix = self.config.prefix.encode() + b":"
-        meta = self.config.prefix.encode() + b"\x00"
-        self._bytes_key = meta + b"bytes"
-        self._lru_key = meta + b"lru"
+        self._meta = self.config.prefix.encode() + b"\x00"
+        self._bytes_key = self._meta + b"bytes"
+        self._lru_key = self._meta + b"lru"
         self._lock = threading.Lock()
         self._client: redis.Redis | None = None
         self._pid: int | None = None
@@ -210,7 +210,21 @@ class RedisLevel:
 
             return self._run("put", go)
         limit = self.max_bytes
-        return self._run("put", lambda client: self._put_bounded(client, batch, limit))
+        # If the connection drops after EXEC reached the server, the retry must not plan again
+        # as if nothing happened: the victims of the applied plan would be gone from Redis and
+        # never handed back. The transaction sets a marker; a retry that finds it returns the
+        # victims of the attempt that was applied.
+        marker = self._meta + b"applied:" + os.urandom(12).hex().encode()
+        pending: list[Victims] = []
+
+        def go(client: redis.Redis) -> Victims:
+            if pending and client.exists(marker):
+                client.delete(marker)
+                return pending[-1]
+            pending.clear()
+            return self._put_bounded(client, batch, limit, marker, pending)
+
+        return self._run("put", go)
 
     def _ensure_accounting(self, client: redis.Redis) -> None:
         """Start the byte counter from what is stored (data written while unbounded counts)."""
@@ -246,7 +260,8 @@ class RedisLevel:
                 yield member[plen:], size
             start += len(members)
 
-    def _put_bounded(self, client: redis.Redis, batch: dict[bytes, bytes], limit: int) -> Victims:
+    def _put_bounded(self, client: redis.Redis, batch: dict[bytes, bytes], limit: int,
+                     marker: bytes, pending: list[Victims]) -> Victims:
         self._ensure_accounting(client)
         keys = list(batch)
         new = {k: len(v) for k, v in batch.items()}
@@ -280,8 +295,15 @@ class RedisLevel:
                         now = time.time()
                         pipe.zadd(self._lru_key, {k: now for k in stay})
                     pipe.incrby(self._bytes_key, plan.used_after - used)
+                    pipe.set(marker, b"1", ex=600)
+                    result = victims if self.may_evict else []
+                    pending.append(result)
                     pipe.execute()
-                    return victims if self.may_evict else []
+                    try:
+                        client.delete(marker)
+                    except (redis.ConnectionError, redis.TimeoutError):
+                        pass                  # it expires by itself
+                    return result
                 except redis.WatchError:
                     continue
 
