@@ -552,3 +552,20 @@ def test_redis_outage_raises_then_the_level_recovers():
     finally:
         level.close()
         server.cleanup()
+
+
+def test_rediss_url_builds_a_tls_pool_with_the_configured_files(tmp_path):
+    import redis
+
+    level = RedisLevel(RedisConfig(url="rediss://user:secret@localhost:6380/2", max_connections=3,
+                                   ssl_ca_certs=str(tmp_path / "ca.pem"),
+                                   ssl_certfile=str(tmp_path / "client.pem"),
+                                   ssl_keyfile=str(tmp_path / "client.key")))
+    pool = level._connect().connection_pool    # lazy: builds the pool, connects to nothing
+    assert pool.connection_class is redis.SSLConnection
+    kw = pool.connection_kwargs
+    assert kw["ssl_ca_certs"].endswith("ca.pem") and kw["ssl_keyfile"].endswith("client.key")
+    assert kw["username"] == "user" and kw["password"] == "secret" and kw["db"] == 2
+    assert pool.max_connections == 3
+    assert "secret" not in repr(level)
+    level.close()
