@@ -97,7 +97,11 @@ def test_aggregates_equal_exact_recomputation_on_every_slide(
         opts.update(columns=COLUMNS, value="v", weight="w")
     else:  # general records: dicts with string group keys
         opts.update(value="v", weight="w", group_by=(lambda r: "k%d" % r["g"]) if grouped else None)
-    win = SharedWindows(ranges, **opts) if shared else SlidingWindow(ranges[0], **opts)
+    def make():
+        return SharedWindows(ranges, **opts) if shared else SlidingWindow(ranges[0], **opts)
+
+    win = make()
+    reopen_at = data.draw(st.integers(0, len(stream)))  # close and continue from the directory
 
     def rec(g, v, w):
         return (g, v, w) if numeric else {"g": g, "v": v, "w": w}
@@ -125,6 +129,9 @@ def test_aggregates_equal_exact_recomputation_on_every_slide(
                 oracle.rows.append((t, (key(g), v, w)))
                 win.append(r, t)
         i += len(batch)
+        if i >= reopen_at > i - len(batch):
+            win.close()
+            win = make()
     if oracle.rows:
         got = win.results() if shared else [win.result()]
         for g, r in zip(got, ranges):
