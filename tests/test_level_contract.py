@@ -569,3 +569,78 @@ def test_rediss_url_builds_a_tls_pool_with_the_configured_files(tmp_path):
     assert pool.max_connections == 3
     assert "secret" not in repr(level)
     level.close()
+
+
+def _fill_from_process(config: Any, tag: int, queue: Any) -> None:
+    try:
+        level = config.build()
+        handed_back = []
+        for i in range(60):
+            victims = level.put_many([(b"p%d-%02d" % (tag, i), os.urandom(500 + 10 * i))])
+            handed_back += [k for k, _ in victims]
+        level.close()
+        queue.put(handed_back)
+    except BaseException as exc:
+        queue.put(repr(exc))
+
+
+@pytest.mark.parametrize("kind", ["disk", "redis"])
+def test_processes_sharing_a_bounded_level_respect_one_bound(kind, tmp_path, request):
+    import multiprocessing
+
+    bound = 20_000
+    if kind == "redis":
+        config: Any = RedisConfig(url=request.getfixturevalue("redis_url"), prefix="procs",
+                                  max_bytes=bound)
+    else:
+        config = DiskConfig(path=str(tmp_path / "procs"), max_bytes=bound, shards=2)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_fill_from_process, args=(config, t, queue)) for t in range(3)]
+    for p in procs:
+        p.start()
+    replies = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert all(isinstance(r, list) for r in replies), replies
+    level = config.build()
+    try:
+        stored = list(level.scan(b""))
+        assert level.used_bytes() <= bound
+        assert level.used_bytes() == sum(len(v) for v in level.get_many(stored))
+        handed_back = [k for r in replies for k in r]
+        assert len(set(handed_back)) == len(handed_back)
+        assert sorted(stored + handed_back) == sorted(b"p%d-%02d" % (t, i)
+                                                      for t in range(3) for i in range(60))
+    finally:
+        level.close()
+
+
+def _write_then_wait(path: str, ready: Any) -> None:
+    level = DiskLevel(DiskConfig(path=path))
+    level.put_many([(b"k%d" % i, b"v%d" % i) for i in range(100)])
+    level.put_many([(b"big", b"b" * 100_000)])
+    ready.set()
+    import time as _time
+
+    _time.sleep(60)
+
+
+def test_disk_writes_survive_the_writer_being_killed(tmp_path):
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    path = str(tmp_path / "killed")
+    child = ctx.Process(target=_write_then_wait, args=(path, ready))
+    child.start()
+    assert ready.wait(60)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    level = DiskLevel(DiskConfig(path=path))
+    try:
+        assert level.get_many([b"k7", b"k99", b"big"]) == [b"v7", b"v99", b"b" * 100_000]
+        assert level.used_bytes() == sum(len(b"v%d" % i) for i in range(100)) + 100_000
+    finally:
+        level.close()
