@@ -200,6 +200,7 @@ def report(result: DemoResult) -> str:
 
 
 def _spark_demo() -> Any:
+    """``mlcache.integrations.spark.demo.main(args)`` once the Spark job exists, else ``None``."""
     try:
         from .integrations.spark import demo as spark_demo  # type: ignore[attr-defined]
     except ImportError:
