@@ -142,7 +142,14 @@ class Lookahead(Iterator[Any]):
         self._m, self._encode = _resolve(cache)
         self._pf = _prefetcher(self._m)
         if depth == "auto":
-            self.controller: DepthController | None = DepthController()
+            heap = self._m.config.heap
+            # prefetched entries wait in the heap beside the state in use: keep them to half
+            max_depth = 8192
+            if heap is not None and heap.max_entries:
+                max_depth = max(8, heap.max_entries // 2)
+            initial = min(32, max_depth)
+            self.controller: DepthController | None = DepthController(
+                initial, min_depth=min(4, initial), max_depth=max_depth)
             self.depth = self.controller.depth
         elif isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
             self.controller = None
@@ -154,6 +161,7 @@ class Lookahead(Iterator[Any]):
         self._ts = ts
         self._queue: deque[tuple] = deque()
         self._index = 0
+        self._warmup = self.depth + 1
         self._exhausted = False
         self.records = 0
         if self._pf is not None:
@@ -209,7 +217,8 @@ class Lookahead(Iterator[Any]):
         if pf._failed:
             self._recover(kb, i)
         ctl = self.controller
-        if ctl is not None and slack is not None and ctl.observe(slack):
+        # the first records were hinted just before their use: their slack says nothing
+        if ctl is not None and slack is not None and i >= self._warmup and ctl.observe(slack):
             self.depth = ctl.update(pf.fetch_latency.recent(256))
             pf.depth = self.depth
         return rec

@@ -103,28 +103,29 @@ def quantile(data: list[float], q: float) -> float | None:
 class HintBuffer:
     """Hints not yet fetched (unprocessed) and being fetched (in flight); one entry per key.
 
-    An entry is ``(ts, t_hint)``: the latest event time the key was hinted for and the wall
-    time of its first hint (slack and fetch latency are measured from it). Not thread-safe; the
-    :class:`Prefetcher` guards it with its lock.
+    An entry is ``(ts, t_hint, first_ts)``: the latest event time the key was hinted for, the
+    wall time of its first hint (slack and fetch latency are measured from it) and the event
+    time of that first hint (a use before it was not covered by this entry). Not thread-safe;
+    the :class:`Prefetcher` guards it with its lock.
     """
 
     def __init__(self) -> None:
-        self.pending: dict[bytes, tuple[float, float]] = {}
-        self.inflight: dict[bytes, tuple[float, float]] = {}
+        self.pending: dict[bytes, tuple[float, float, float]] = {}
+        self.inflight: dict[bytes, tuple[float, float, float]] = {}
 
     def add(self, kb: bytes, ts: float, now: float) -> str:
         """Record a hint; returns ``"new"``, ``"updated"`` or ``"inflight"``."""
         cur = self.inflight.get(kb)
         if cur is not None:
             if ts > cur[0]:
-                self.inflight[kb] = (ts, cur[1])
+                self.inflight[kb] = (ts, cur[1], cur[2])
             return "inflight"
         cur = self.pending.get(kb)
         if cur is not None:
             if ts > cur[0]:
-                self.pending[kb] = (ts, cur[1])
+                self.pending[kb] = (ts, cur[1], cur[2])
             return "updated"
-        self.pending[kb] = (ts, now)
+        self.pending[kb] = (ts, now, ts)
         return "new"
 
     def take(self, n: int, min_ts: float) -> tuple[list[tuple[bytes, float, float]], int]:
@@ -137,11 +138,12 @@ class HintBuffer:
         pending = self.pending
         while pending and len(batch) < n:
             kb = next(iter(pending))
-            ts, t0 = pending.pop(kb)
+            entry = pending.pop(kb)
+            ts, t0 = entry[0], entry[1]
             if ts < min_ts:
                 late += 1
                 continue
-            self.inflight[kb] = (ts, t0)
+            self.inflight[kb] = entry
             batch.append((kb, ts, t0))
         return batch, late
 
@@ -149,7 +151,7 @@ class HintBuffer:
         for kb in keys:
             self.inflight.pop(kb, None)
 
-    def state(self, kb: bytes) -> tuple[str, tuple[float, float]] | None:
+    def state(self, kb: bytes) -> tuple[str, tuple[float, float, float]] | None:
         cur = self.pending.get(kb)
         if cur is not None:
             return "pending", cur
@@ -321,8 +323,12 @@ class Prefetcher:
                     return None
                 self.counters["useful"] += 1
             else:
-                where, (hts, t0) = st
+                where, (hts, t0, first_ts) = st
                 self._landed.pop(kb, None)
+                if ts is not None and first_ts > ts:
+                    # queued by a later record's hint; this record's own hint found the key
+                    # resident (it was evicted since): a miss, not a late prefetch
+                    return None
                 self.counters["late"] += 1
                 if where == "inflight":
                     self._used_inflight.add(kb)
@@ -386,17 +392,19 @@ class Prefetcher:
                 todo = []
                 for kb, ts, _ in batch:
                     if m._resident(kb):
-                        m._policy_hint(kb, ts)
+                        if self._policy_hints:
+                            m._policy_hint(kb, ts)
                     else:
                         todo.append(kb)
                 if todo:
-                    # one batch = one get_many per level; the batch's latest ts goes to the
-                    # policy on insert, then each key gets its own ts as a hint
-                    loaded = m._load_into_heap(todo, max(ts for _, ts, _ in batch),
-                                               prefetch=True)
-                    for kb, ts, _ in batch:
-                        if kb in loaded:
-                            m._policy_hint(kb, ts)
+                    # One batch = one get_many per level. Keys are inserted at the policy's
+                    # "now" (ts=None) and then hinted with their own expected use: inserting
+                    # at a future ts would move TAC's clock ahead of the records in flight.
+                    loaded = m._load_into_heap(todo, None, prefetch=True)
+                    if self._policy_hints:
+                        for kb, ts, _ in batch:
+                            if kb in loaded:
+                                m._policy_hint(kb, ts)
             except BaseException as exc:  # a backend failure must not kill the fetch thread
                 error = exc
         now = time.perf_counter()
