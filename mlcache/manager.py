@@ -421,26 +421,30 @@ class CacheManager(_KeyView):
         # Check encodability once per value type (cheap amortised), so a SerializationError
         # names the key here rather than later on a writer thread. Values of a type seen to
         # encode before are checked again only when they leave the heap.
-        encoded: dict[bytes, bytes] = {}
+        encoded: dict[bytes, tuple[Any, bytes]] = {}  # kb -> (the value encoded, its bytes)
+        raws: list[bytes | None] = []
         heap = self._heap
         for key, kb, value in items:
+            raw = None
             if heap is None or type(value) not in self._good_types:
-                encoded[kb] = self._encode_for(key, value)
+                raw = self._encode_for(key, value)
+                encoded[kb] = (value, raw)
                 self._good_types.add(type(value))
+            raws.append(raw)
         with self._lock:
             self._check_open()
             wb = self._wb
-            for key, kb, value in items:
+            for (key, kb, value), raw in zip(items, raws):
                 wb.tombstones.discard(kb)
                 self._digests.pop(kb, None)
                 self._handed.discard(kb)
                 self._pin_errors.pop(kb, None)
                 if heap is None:
-                    wb.buffer.add(0, kb, encoded[kb])
+                    assert raw is not None
+                    wb.buffer.add(0, kb, raw)
                     continue
                 if wb.levels:
                     wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
-                raw = encoded.get(kb)
                 victims = heap.insert(kb, value, dirty=True,
                                       size=len(raw) if raw is not None else None, ts=ts)
                 if victims:
@@ -455,7 +459,7 @@ class CacheManager(_KeyView):
             self._wb.ensure_writers()
 
     def _handle_victims(self, victims: list[tuple[bytes, Any, bool]],
-                        encoded: Mapping[bytes, bytes] | None = None) -> None:
+                        encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
         """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
         heap_st = self._stats.levels["heap"]
         for kb, value, dirty in victims:
@@ -475,7 +479,8 @@ class CacheManager(_KeyView):
                     continue
                 self._stats.writeback["mutations_detected"] += 1
             else:
-                raw = encoded.get(kb) if encoded else None
+                enc = encoded.get(kb) if encoded else None
+                raw = enc[1] if enc is not None and enc[0] is value else None
                 if raw is None:
                     try:
                         raw = self._codec.encode(value)

@@ -132,6 +132,10 @@ class HeapLevel:
         """
         weight = self.weigh(value, size)
         data = self.data
+        if weight > self.capacity:
+            # Heavier than the whole heap: never admitted, and not worth flushing the heap for.
+            self.remove(key)
+            return [(key, value, dirty)]
         if key in self.pinned:
             self.pinned.discard(key)
         else:
