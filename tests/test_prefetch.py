@@ -132,12 +132,16 @@ def test_hint_never_overwrites_a_newer_dirty_value(tmp_path):
 
 
 def test_eviction_buffer_round_trip_without_io(tmp_path):
-    delay = Delay(0.0, put_seconds=0.3)   # slow write-back keeps victims in the eviction buffer
+    delay = Delay(0.0, put_seconds=1.0)   # slow write-back keeps victims in the eviction buffer
     cfg = _disk_config(tmp_path, delay, entries=4, hot_threshold=16)
     with CacheManager(cfg) as m:
-        m.put("x", {"payload": 1})
-        for i in range(8):                # push x out of the heap; it is dirty, so it is buffered
+        for i in range(8):                # the writer takes these and sits in a slow write
             m.put(f"filler{i}", i)
+        time.sleep(0.05)
+        m.put("x", {"payload": 1})
+        for i in range(4):                # push x out of the heap; dirty, so it is buffered
+            m.put(f"more{i}", i)
+        assert not m._resident(m._encode_key("x"))
         reads = delay.reads
         m.hint("x", 1)
         p = _prefetcher(m)
