@@ -644,3 +644,21 @@ def test_disk_writes_survive_the_writer_being_killed(tmp_path):
         assert level.used_bytes() == sum(len(b"v%d" % i) for i in range(100)) + 100_000
     finally:
         level.close()
+
+
+def test_disk_refuses_a_directory_written_with_another_shard_count(tmp_path):
+    from mlcache.errors import ConfigError
+
+    for written, opened in ((1, 3), (3, 1), (3, 2)):
+        path = str(tmp_path / f"s{written}{opened}")
+        level = DiskLevel(DiskConfig(path=path, shards=written))
+        level.put_many([(b"k", b"v")])
+        level.close()
+        with pytest.raises(ConfigError) as info:
+            DiskLevel(DiskConfig(path=path, shards=opened))
+        assert info.value.field == "disk.shards"
+        if written > 1 and opened > 1:
+            assert f"shards={written}" in str(info.value)
+        again = DiskLevel(DiskConfig(path=path, shards=written))
+        assert again.get_many([b"k"]) == [b"v"]
+        again.close()

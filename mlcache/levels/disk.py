@@ -31,10 +31,10 @@ import time
 from typing import Any, Iterator, Sequence
 
 import diskcache
-from diskcache.core import MODE_RAW, UNKNOWN
+from diskcache.core import DBNAME, MODE_RAW, UNKNOWN
 
 from ..config import DiskConfig
-from ..errors import CacheError, CapacityError, LevelUnavailableError
+from ..errors import CacheError, CapacityError, ConfigError, LevelUnavailableError
 from ._fit import capacity_error, plan_fit
 from .base import Victims
 
@@ -92,6 +92,29 @@ def _make_private_dir(path: str) -> None:
         os.chmod(path, 0o700)   # makedirs' mode is filtered through the umask
 
 
+def _check_layout(path: str, shards: int) -> None:
+    """Refuse a directory of the other layout (one cache vs shard subdirectories)."""
+    entries = os.listdir(path)
+    sharded = any(len(e) == 3 and e.isdigit() and os.path.isdir(os.path.join(path, e))
+                  for e in entries)
+    if (shards == 1 and sharded) or (shards > 1 and DBNAME in entries):
+        raise ConfigError("disk.shards", f"{path} holds a disk level of "
+                                         f"{'several shards' if sharded else 'shards=1'}; "
+                                         f"open it with that shard count or use another path")
+
+
+def _check_shard_count(shards: tuple[diskcache.Cache, ...], path: str) -> None:
+    """The shard count is recorded in every shard's settings; a different count would hash
+    keys to other shards and the data would seem to vanish."""
+    for shard in shards:
+        shard._sql("INSERT OR IGNORE INTO Settings VALUES ('mlcache_shards', ?)", (len(shards),))
+        ((recorded,),) = shard._sql(
+            "SELECT value FROM Settings WHERE key = 'mlcache_shards'").fetchall()
+        if int(recorded) != len(shards):
+            raise ConfigError("disk.shards", f"{path} holds a disk level of shards={recorded}; "
+                                             f"open it with shards={recorded} or use another path")
+
+
 class DiskLevel:
     """A byte level on diskcache (``FanoutCache`` when ``shards > 1``)."""
 
@@ -108,6 +131,7 @@ class DiskLevel:
         settings = dict(eviction_policy="none", cull_limit=0, statistics=0)
         with self._guard("open"):
             _make_private_dir(self.path)
+            _check_layout(self.path, self.config.shards)
             self.cache: diskcache.Cache | diskcache.FanoutCache
             if self.config.shards > 1:
                 self.cache = diskcache.FanoutCache(self.path, shards=self.config.shards,
@@ -119,6 +143,11 @@ class DiskLevel:
                 self.cache = diskcache.Cache(self.path, timeout=self.config.timeout,
                                              disk=_SizedDisk, **settings)
                 self._shards = (self.cache,)
+            try:
+                _check_shard_count(self._shards, self.path)
+            except ConfigError:
+                self.cache.close()
+                raise
             if self.max_bytes is not None:
                 for shard in self._shards:
                     shard._sql("CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)")
