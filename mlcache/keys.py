@@ -15,12 +15,15 @@ __all__ = ["SEP", "check_key", "encode_key", "decode_key", "namespace_prefix", "
 
 SEP = b"\x1f"
 _TUPLE = 1
+_BIGINT = 2  # ints outside msgpack's 64-bit range, as decimal text
 
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return msgpack.ExtType(_TUPLE, msgpack.packb([_norm(x) for x in obj], default=_default,
                                                      use_bin_type=True, strict_types=True))
+    if type(obj) is int:
+        return msgpack.ExtType(_BIGINT, str(obj).encode("ascii"))
     raise TypeError(f"unsupported key type: {type(obj).__name__}")
 
 
@@ -34,6 +37,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _TUPLE:
         return tuple(msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, use_list=False,
                                      strict_map_key=False))
+    if code == _BIGINT:
+        return int(data.decode("ascii"))
     return msgpack.ExtType(code, data)
 
 

@@ -209,6 +209,27 @@ class CacheManager(_KeyView):
     def _resident(self, key_bytes: bytes) -> bool:
         return key_bytes in self._data
 
+    def invalidate_local(self, namespace: str | None = None) -> int:
+        """Forget this process's clean heap copies of a namespace's keys (``None``: the
+        manager's own keys). Dirty entries stay (they are newer than anything below). Used for
+        coherence when another process may have changed a shared level; returns the count."""
+        prefix = self._prefix if namespace is None else self.namespace(namespace)._prefix
+        heap = self._heap
+        if heap is None:
+            return 0
+        with self._lock:
+            drop = [kb for kb in heap.data
+                    if kb.startswith(prefix) and kb not in heap.dirty and kb not in heap.pinned]
+            victims = []
+            for kb in drop:
+                value, _ = heap.remove(kb)  # type: ignore[misc]
+                victims.append((kb, value, False))
+            # like an eviction: a value changed in place is written, not forgotten
+            self._handle_victims(victims)
+            self._stats.levels["heap"].evictions["invalidated"] += len(drop)
+        self._wb.ensure_writers()
+        return len(drop)
+
     def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
         if self._heap is not None:
             with self._lock:

@@ -207,6 +207,15 @@ def test_heap_disk():
     run_state_machine_as_test(machine, settings=SETTINGS)
 
 
+def test_heap_disk_wtinylfu():
+    # the default policy, count-bounded: admission may refuse entries, never losing them
+    machine = make_machine(
+        lambda tmp, ns: CacheConfig(heap=_heap(policy="wtinylfu", max_entries=4),
+                                    levels=(DiskConfig(path=tmp),), namespace=ns),
+        durable=True)
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
 def test_heap_redis(redis_url):
     machine = make_machine(
         lambda tmp, ns: CacheConfig(heap=_heap(policy="clock"),
