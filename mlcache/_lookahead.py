@@ -11,7 +11,8 @@ controller compares
 
 * slack: time from a key's first hint to its use, at its 1st percentile — the slack that 99% of
   uses had at least ("p99 slack" in the issue), with
-* the p99 fetch latency (hint to resident) plus a margin (0.5 ms + 10%),
+* the p99 fetch latency (hint to resident) plus a margin (1 ms + 50%: the fetch latency's own
+  tail is heavy on a shared machine, and a late record costs far more than a deeper read-ahead),
 
 and rescales the depth proportionally (slack grows linearly with depth): up to ×2 when the slack
 falls short, down to ×0.5 when it exceeds the need by more than 50% (hysteresis keeps it from
@@ -53,7 +54,7 @@ class DepthController:
     """Keeps the lookahead depth where slack p1 >= fetch-latency p99 + margin, no deeper."""
 
     def __init__(self, initial: int = 32, *, min_depth: int = 4, max_depth: int = 8192,
-                 margin: float = 0.0005, margin_ratio: float = 0.1, window: int = 128,
+                 margin: float = 0.001, margin_ratio: float = 0.5, window: int = 128,
                  hysteresis: float = 1.5) -> None:
         if not (1 <= min_depth <= initial <= max_depth):
             raise ValueError("need 1 <= min_depth <= initial <= max_depth")

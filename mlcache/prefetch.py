@@ -1,50 +1,64 @@
 """Keyed prefetching: hints, the hint buffer, fetch threads, the hot-key filter.
 
-The idea (Timestamp-Aware Caching with Keyed Prefetching, 2025): the key a stateful step will
-read is known earlier in the pipeline than the moment the step needs its state, so the state can
-be fetched while earlier records are processed, taking lower-level I/O off the critical path.
-``hint(key, ts)`` says "key will be needed at event time ts".
+The idea (Zapridou & Ailamaki, "Low-Latency Stateful Stream Processing through Timely and
+Accurate Prefetching", ICDE 2026 — Keyed Prefetching with Timestamp-Aware Caching): the key a
+stateful step will read is known earlier in the pipeline than the moment the step needs its
+state, so the state can be fetched while earlier records are processed, taking lower-level I/O
+off the critical path. ``hint(key, ts)`` says "key will be needed at event time ts".
 
-Path of a hint (``Prefetcher.hint``; ``CacheManager.hint`` does the residency step itself and
-calls ``submit``)::
+Path of a hint (``Prefetcher.hint``, used by the lookahead operator; ``CacheManager.hint``
+checks residency itself and calls ``submit`` for absent keys)::
 
-    hot-key filter ──hot──> dropped (counted "dropped_hot")
-         │ cold
-    resident in the heap? ──yes──> policy.hint(key, ts)   (TAC renews the entry)
-         │ no
+    count the key in the sketch
+    resident in the heap? ──yes──> hot (estimate > threshold)? ──yes──> dropped ("dropped_hot")
+         │ no                           │ no
+         │                              └──> policy.hint(key, ts)  (TAC renews the entry)
     lateness bound: ts < watermark - lateness ──> dropped ("dropped_late")
          │
     hint buffer: one entry per key (latest ts, first hint time), unprocessed -> in-flight
-         │ fetch threads, batch_size keys per batch
-    manager._load_into_heap(batch, prefetch=True): one MGET / pipeline / diskcache
-    transaction per level per batch; keys inserted clean into the heap with the hint's ts.
+         │ fetch threads, up to batch_size keys per batch
+    manager._load_into_heap(batch, prefetch=True): one MGET / pipeline / diskcache transaction
+    per level per batch; keys inserted clean into the heap, then hinted with their own ts.
 
-* **Hot-key filter.** Every offered hint increments the 4-bit count-min sketch
-  (:mod:`mlcache.sketch`, aged by halving). A key whose counters all exceed
-  ``prefetch.hot_threshold`` is frequent enough to be resident anyway, so its hint costs a
-  residency check and buffer work for nothing; it is dropped before either. Cost: one sketch
-  increment + estimate per hint (4 array reads). ``hot_threshold=16`` disables the filter.
+Costs per hint: one dict lookup (residency), one buffered sketch increment + a 4-row estimate
+(~1 µs), and for a resident key one policy hint (TAC: a heap push, O(log n)) — no lock on these
+paths. A queued key costs one lock round and a dict insert; its fetch costs 1/batch_size of a
+batched read plus its decode and heap insert on a fetch thread. Per use: a lock-free check of
+the buffer and one dict pop.
+
+* **Hot-key filter.** Every hint increments the 4-bit count-min sketch (:mod:`mlcache.sketch`,
+  aged by halving; increments buffered and applied in numpy batches). A *resident* key whose
+  counters all exceed ``prefetch.hot_threshold`` is hot enough to stay resident without help, so
+  its hint is dropped: no policy hint, no lock. A hot key that is *not* resident is still
+  fetched — in a process the residency check is a dict lookup, so unlike an upstream operator
+  in a distributed engine we can afford to look before dropping, and the filter costs no hits.
+  ``hot_threshold=16`` disables it. The default 12 was chosen on the YSB-like Zipf 1.0 workload
+  (see docs/implementation/keyed-prefetching.md): lower thresholds drop more hints but leave hot
+  entries un-renewed in TAC, and the hit ratio starts to fall.
 * **Hint buffer.** A dict keyed by the canonical key bytes, insertion-ordered, so re-hinting a
   key is O(1) and keeps one entry (latest ts); fetch threads take the oldest entries first,
   which for a read-ahead operator is use order. Rejected: a heap ordered by ts — O(log n) per
   hint for an order the operator already produces.
 * **Demand priority, no double fetch.** A fetch thread does not start a batch while a demand
-  fetch is running (``Prefetcher.demand()``); a demand get for a key in flight waits for that
-  fetch inside the manager (its per-key in-flight futures) instead of reading it again; a key
-  used while still unprocessed is cancelled from the buffer and left to the demand fetch.
+  fetch of the operator is running (``Prefetcher.demand()``), and never holds the manager's lock
+  during I/O; a demand get for a key in flight waits for that fetch inside the manager (its
+  per-key in-flight futures) instead of reading it again, and a prefetch skips a key a demand
+  get is reading; a key used while still unprocessed is cancelled from the buffer and left to
+  the demand fetch.
 * **Lateness.** The watermark is the ts of the latest record used; a hint whose ts is older than
   ``watermark - lateness`` (``lateness=None`` means 0: the record already passed) is dropped on
   arrival and again when a fetch thread takes it.
 * **Accounting.** A prefetched key is *useful* if it is used before it leaves the heap,
-  *wasted* if it is evicted unused, and a use is *late* if the key was still queued or in flight.
-  *Slack* is the time from the first hint to the use; *fetch latency* the time from the first
-  hint to the key being resident. Both are kept in bounded windows for percentiles.
+  *wasted* if it is evicted unused (found by a periodic sweep), and a use is *late* if the key
+  was still queued or in flight. *Slack* is the time from the first hint to the use; *fetch
+  latency* the time from the first hint to the key being resident. Both are kept in bounded
+  windows for percentiles. Uses are reported by the lookahead operator (``note_use``).
 * **Failures.** A prefetch batch that raises is counted and its keys remembered; the lookahead
   operator then demand-fetches those records itself and raises only if that fails too.
 
-Threads are created on the first hint, rebuilt after ``fork`` (``os.getpid()`` check), are
-daemons, hold only a weak reference to the manager, and exit on :meth:`Prefetcher.close` (called
-by ``CacheManager.close``) or when the manager is collected.
+Threads are created on the first queued hint, rebuilt after ``fork`` (``os.getpid()`` check),
+are daemons, hold only a weak reference to the manager, and exit on :meth:`Prefetcher.close`
+(called by ``CacheManager.close``) or when the manager is collected.
 
 The lookahead operator :func:`prefetching` lives in :mod:`mlcache._lookahead`.
 """
@@ -64,7 +78,8 @@ from mlcache.policies.base import BasePolicy
 
 from ._lookahead import DepthController, RecordKeyError, prefetching
 
-__all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError", "prefetching"]
+__all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError",
+           "prefetching"]
 
 _FAILED_MAX = 65536
 _SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
@@ -177,7 +192,8 @@ class Prefetcher:
         self._filter = _make_filter(manager)
         # a policy without its own hint (LRU, CLOCK) gains nothing from being told
         policy = getattr(getattr(manager, "_heap", None), "policy", None)
-        self._policy_hints = policy is not None and getattr(type(policy), "hint", BasePolicy.hint) is not BasePolicy.hint
+        own_hint = getattr(type(policy), "hint", BasePolicy.hint)
+        self._policy_hints = policy is not None and own_hint is not BasePolicy.hint
         self._reset()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -240,12 +256,8 @@ class Prefetcher:
 
     # -- hints ------------------------------------------------------------------------------
 
-    def _hot(self, kb: bytes) -> bool:
-        f = self._filter
-        return f is not None and f.hot(kb)
-
     def hint(self, kb: bytes, ts: float) -> str:
-        """Full hint path for canonical key bytes: filter, residency, buffer.
+        """Full hint path for canonical key bytes: residency, hot-key filter, buffer.
 
         Returns what happened: ``"hot"``, ``"resident"``, ``"late"``, ``"queued"`` or
         ``"closed"``. This runs once per record in the lookahead operator, so it stays short:
@@ -257,10 +269,11 @@ class Prefetcher:
         counters = self.counters
         counters["hints"] += 1
         f = self._filter
-        if f is not None and f.hot(kb):
-            counters["dropped_hot"] += 1
-            return "hot"
+        hot = f is not None and f.hot(kb)
         if m._resident(kb):
+            if hot:
+                counters["dropped_hot"] += 1
+                return "hot"
             counters["resident"] += 1
             if self._policy_hints:
                 m._policy_hint(kb, ts)
@@ -268,14 +281,13 @@ class Prefetcher:
         return self._enqueue(kb, ts)
 
     def submit(self, kb: bytes, ts: float) -> str:
-        """Entry from ``CacheManager.hint`` for a key that is not resident."""
+        """Entry from ``CacheManager.hint`` for a key that is not resident: queue it."""
         if self._closed:
             return "closed"
-        self._check_fork()
         self.counters["hints"] += 1
-        if self._hot(kb):
-            self.counters["dropped_hot"] += 1
-            return "hot"
+        f = self._filter
+        if f is not None:
+            f.hot(kb)      # count it: popularity is learnt from every hint
         return self._enqueue(kb, ts)
 
     def _enqueue(self, kb: bytes, ts: float) -> str:

@@ -274,16 +274,27 @@ def test_failure_surfaces_when_demand_fetch_fails_too(tmp_path):
         delay.fail = None
 
 
-def test_hot_filter_drops_hints_for_frequent_keys(tmp_path):
+def test_hot_filter_drops_hints_for_frequent_resident_keys(tmp_path):
     cfg = _disk_config(tmp_path, None, entries=1000, hot_threshold=3)
-    _fill(cfg, [("hot", 1), ("cold", 2)])
+    _fill(cfg, [("hot", 1), ("cold", 2), ("evicted", 3)])
     with CacheManager(cfg) as m:
         p = Prefetcher(m)
         try:
-            outcomes = [p.hint(m._encode_key("hot"), i) for i in range(10)]
-            assert outcomes[:3] != ["hot"] * 3 and outcomes[-1] == "hot"
+            hot = m._encode_key("hot")
+            assert p.hint(hot, 0) == "queued"
+            _wait_idle(p)
+            outcomes = [p.hint(hot, i) for i in range(1, 10)]
+            assert outcomes[:2] == ["resident"] * 2 and outcomes[-1] == "hot"
             assert p.counters["dropped_hot"] >= 6
-            assert p.hint(m._encode_key("cold"), 0) in ("queued", "resident")
+            assert p.hint(m._encode_key("cold"), 0) == "queued"
+            # a frequent key that is not resident is still fetched: the filter costs no hits
+            ev = m._encode_key("evicted")
+            dropped = p.counters["dropped_hot"]
+            for i in range(10):
+                assert p.hint(ev, i) == "queued"
+                _wait_idle(p)
+                m.delete("evicted")   # gone from the heap (and below): next hint queues again
+            assert p.counters["dropped_hot"] == dropped
         finally:
             p.close()
 
