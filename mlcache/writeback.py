@@ -257,9 +257,13 @@ class WriteBack:
 
     def drain_all(self) -> None:
         """Write everything buffered and every tombstone; raise if a level stays unavailable."""
-        while len(self.buffer):
-            self._with_retries(self.drain_once)
-        self._with_retries(self.flush_tombstones)
+        try:
+            while len(self.buffer):
+                self._with_retries(self.drain_once)
+            self._with_retries(self.flush_tombstones)
+        except Exception as exc:
+            self.error = exc
+            raise
         self.error = None
 
     def make_room(self) -> None:
