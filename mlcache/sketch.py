@@ -38,9 +38,10 @@ __all__ = ["FrequencySketch"]
 
 _M64 = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: spreads small integers over 64 bits
-# One odd multiplier per row: four "independent" multiplicative hashes of the mixed hash.
+# One odd multiplier per row: four multiplicative ("Fibonacci") hashes of the mixed hash.
 _ROWS = (0xC3A5C85C97CB3127, 0xB492B66FBE98F273, 0x9AE16A3B2F90404F, 0xCBF29CE484222325)
 _ROWS_NP = np.array(_ROWS, dtype=np.uint64).reshape(4, 1)
+# One odd multiplier per row: four "independent" multiplicative hashes of the mixed hash.
 
 
 def _pow2_at_least(n: int) -> int:
@@ -68,11 +69,13 @@ class FrequencySketch:
         # 4 rows x width nibbles = 2 x width bytes per row; row r starts at nibble r * width.
         self.table = bytearray(self.depth * self.width // 2)
         self._np = np.frombuffer(self.table, dtype=np.uint8)
+        self._acc = np.zeros(self.depth * self.width, dtype=np.int16)  # reused, kept all-zero
         self.sample_size = self._sample_factor * capacity
         self.additions = 0
         self.resets = 0
         self._offsets = np.arange(self.depth, dtype=np.uint64).reshape(4, 1) * np.uint64(self.width)
         self._seed_np = np.uint64(self._seed)
+        self._offsets = np.arange(self.depth, dtype=np.uint64).reshape(4, 1) * np.uint64(self.width)
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow (and clear) the sketch when the cache holds more entries than it was sized for."""
@@ -119,34 +122,35 @@ class FrequencySketch:
         if not hashes:
             return
         h = np.array(hashes, dtype=np.int64).view(np.uint64)
-        if counts is None:  # repeated keys: one conservative update of their summed count
+        if counts is None:  # repeated keys: one update of their summed count
             h, c = np.unique(h, return_counts=True)
-            c = c.astype(np.int64)
+            c = c.astype(np.int16)
         else:
-            c = np.array(counts, dtype=np.int64)
+            c = np.minimum(np.array(counts, dtype=np.int64), 15).astype(np.int16)
         n = len(h)
         h = (h ^ self._seed_np) * np.uint64(_MIX)
         h ^= h >> np.uint64(32)
         idx = ((h.reshape(1, n) * _ROWS_NP) >> np.uint64(self._shift)) + self._offsets
-        idx = idx.ravel()
+        idx = idx.ravel().astype(np.intp)
+        # Sum the increments per counter in a scratch array (add.at handles two keys sharing a
+        # counter without sorting), then write each touched nibble's saturated value. Even and
+        # odd nibbles are written in separate passes so no byte is rewritten within a pass;
+        # duplicates of one nibble write the same value.
+        acc = self._acc
+        np.add.at(acc, idx, np.tile(c, self.depth))
         table = self._np
-        cur = (table[(idx >> np.uint64(1)).astype(np.intp)]
-               >> ((idx & np.uint64(1)) << np.uint64(2)).astype(np.uint8)) & np.uint8(15)
-        # Like Caffeine, an increment that finds all of a key's counters saturated is not an
-        # "addition": hot keys then do not hasten the aging of everybody else.
-        live = cur.reshape(self.depth, n).min(axis=0) < 15
+        byte = idx >> 1
+        odd = (idx & 1).astype(bool)
+        cur = np.where(odd, table[byte] >> 4, table[byte] & 15).astype(np.int16)
+        live = cur.reshape(self.depth, n).min(axis=0) < 15  # Caffeine: saturated != addition
         total = int(c[live].sum())
-        uniq, inverse = np.unique(idx, return_inverse=True)
-        add = np.bincount(inverse, weights=np.tile(c, self.depth)).astype(np.int64)
-        byte = (uniq >> np.uint64(1)).astype(np.intp)
-        shift = ((uniq & np.uint64(1)) << np.uint64(2)).astype(np.uint8)
-        now = (table[byte] >> shift) & np.uint8(15)
-        new = np.minimum(now.astype(np.int64) + add, 15).astype(np.uint8)
-        delta = (new - now) << shift  # no carry across nibbles: new <= 15
-        even = shift == 0
-        table[byte[even]] += delta[even]
-        odd = ~even
-        table[byte[odd]] += delta[odd]
+        new = np.minimum(cur + acc[idx], 15).astype(np.uint8)
+        acc[idx] = 0
+        even = ~odd
+        be = byte[even]
+        table[be] = (table[be] & 0xF0) | new[even]
+        bo = byte[odd]
+        table[bo] = (table[bo] & 0x0F) | (new[odd] << 4)
         self.additions += total
         if self.additions >= self.sample_size:
             self.reset()

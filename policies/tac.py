@@ -56,6 +56,17 @@ class TACPolicy(BasePolicy):
         entry = self._entries.get(key)
         return None if entry is None else entry[0]
 
+    def next_victim(self) -> Hashable:
+        """The key an eviction would remove now: the smallest timestamp (KeyError if empty)."""
+        heap, entries = self._heap, self._entries
+        while heap:
+            ts, seq, key = heap[0]
+            entry = entries.get(key)
+            if entry is not None and entry[1] == seq:
+                return key
+            heapq.heappop(heap)
+        raise KeyError("empty policy")
+
     def _time(self, ts: float | None) -> float:
         if ts is None:
             return self._now if self._now != float("-inf") else 0.0

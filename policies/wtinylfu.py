@@ -30,6 +30,14 @@ Costs: a hit is a few dict operations (move to the MRU end of its segment, one p
 a miss adds one or two sketch estimates (plain Python) and ghost bookkeeping. Sketch increments
 are buffered as exact per-key pending counts and applied in numpy batches; an estimate adds the
 pending count, so buffering never blurs an admission decision. O(1) amortised per operation.
+In pure Python the per-access bytecode count *is* the cost, so the steady state of a full
+unit-weight cache (one candidate meets one victim, no counter changes) has its own inlined path
+(``_add``), the victim's estimate is cached until the sketch changes, and the candidate's
+estimate stops at the first row that already proves it cannot win (most candidates are cold).
+
+Ties (equal estimates) go to the incumbent, as in Caffeine — unless the ghosts show that the
+newcomers refused on ties keep coming back sooner than the incumbents they would have
+replaced; a small score learnt from the ghost hits then sends ties to newcomers.
 
 Weights: ``capacity`` bounds the total weight (entries or bytes); the window and protected
 bounds are weights too; a candidate heavier than a victim is compared with as many victims as
@@ -41,21 +49,23 @@ import random
 from collections import OrderedDict
 from typing import Any, Hashable, Iterator
 
-from mlcache.sketch import FrequencySketch
+from mlcache.sketch import _M64, _MIX, _ROWS, FrequencySketch
 
 from .base import BasePolicy, _check_capacity, _config_error, register_policy
 
 __all__ = ["WTinyLFUPolicy"]
 
+_R0 = _ROWS[0]
 _WARM = 6  # a candidate at least this frequent may win by chance (HashDoS defence)
+_LOST_WINDOW, _LOST_MAIN, _TIE = 1, 2, 4  # ghost codes: where the key lost, and if on a tie
 
 
 @register_policy("wtinylfu")
 class WTinyLFUPolicy(BasePolicy):
     name = "wtinylfu"
 
-    def __init__(self, capacity: int, *, window: float = 0.01, protected: float = 0.8,
-                 adaptive: bool = True, ghost: float = 0.1, step: float = 0.01,
+    def __init__(self, capacity: int, *, window: float = 0.01, protected: float = 0.9,
+                 adaptive: bool = True, ghost: float = 0.05, step: float = 0.005,
                  expected_entries: int | None = None, seed: int | None = None,
                  **options: Any) -> None:
         super().__init__(capacity, **options)
@@ -63,8 +73,11 @@ class WTinyLFUPolicy(BasePolicy):
             raise _config_error("policy.wtinylfu.window", f"must be in (0, 1), got {window!r}")
         if not 0.0 < protected <= 1.0:
             raise _config_error("policy.wtinylfu.protected", f"must be in (0, 1], got {protected!r}")
+        if not 0.0 < ghost <= 1.0 or not 0.0 < step < 1.0:
+            raise _config_error("policy.wtinylfu", f"ghost must be in (0, 1] and step in (0, 1), "
+                                f"got ghost={ghost!r} step={step!r}")
         self._rng = random.Random(seed)
-        self._window: OrderedDict[Hashable, int] = OrderedDict()
+        self._window: OrderedDict[Hashable, int] = OrderedDict()  # key -> weight, LRU first
         self._probation: OrderedDict[Hashable, int] = OrderedDict()
         self._protected: OrderedDict[Hashable, int] = OrderedDict()
         self._wsize = 0  # weight in the window
@@ -75,17 +88,22 @@ class WTinyLFUPolicy(BasePolicy):
         self._adaptive = adaptive
         self._ghost_frac = ghost
         self._step_frac = step
-        # ghost key -> True when it lost a tie (equal frequencies): feeds the tie rule below
-        self._wghost: OrderedDict[Hashable, bool] = OrderedDict()
-        self._mghost: OrderedDict[Hashable, bool] = OrderedDict()
+        # Two ghosts of equal length (cache-space extensions of equal size, as Cliffhanger's
+        # shadow queues): candidates the window lost, victims main lost. key -> code.
+        self._wghost: OrderedDict[Hashable, int] = OrderedDict()
+        self._mghost: OrderedDict[Hashable, int] = OrderedDict()
+        self._ghost_limit = max(8, int(capacity * ghost))
         self._tie_score = 0
         self._tie = False
         entries = expected_entries or min(capacity, 1 << 16)
         self.sketch = FrequencySketch(max(16, entries), seed=seed)
-        self._pending: dict[Hashable, int] = {}
-        self._drain_limit = min(4096, max(64, entries // 4))
-        self._victim: Hashable = None
+        self._rows = self._row_table()
+        self._pending: dict[Hashable, int] = {}  # increments not yet applied to the sketch
+        self._drain_limit = min(4096, max(256, entries))
+        self._victim: Hashable = None  # cache of the probation victim's estimate
         self._victim_freq = 0
+        self._unit = True  # every weight so far is 1
+        self._steady = False  # full, unit weights, window at its target: see _add
 
     # -- introspection -------------------------------------------------------------------------
 
@@ -112,10 +130,16 @@ class WTinyLFUPolicy(BasePolicy):
                 return w
         return None
 
+    def next_victim(self) -> Hashable:
+        """The key an eviction would remove now (KeyError if empty)."""
+        for seg in (self._probation, self._protected, self._window):
+            if seg:
+                return next(iter(seg))
+        raise KeyError("empty policy")
+
     def frequency(self, key: Hashable) -> int:
         """The sketch's estimate of ``key``'s recent use, including buffered increments."""
-        f = self.sketch.frequency_of_hash(hash(key)) + self._pending.get(key, 0)
-        return f if f < 15 else 15
+        return self._freq(key)
 
     # -- the Policy protocol -------------------------------------------------------------------
 
@@ -133,22 +157,17 @@ class WTinyLFUPolicy(BasePolicy):
         pending[key] = pending.get(key, 0) + 1
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
-        if key in self:
+        if key in self._window or key in self._protected or key in self._probation:
             return self._update(key, weight)
-        pending = self._pending
-        pending[key] = pending.get(key, 0) + 1
-        if self._adaptive:
-            self._adapt(key)
+        if weight == 1 and self._unit:
+            return self._add(key)
         if weight > self.capacity:
+            pending = self._pending
+            pending[key] = pending.get(key, 0) + 1
             return [key]
-        self._window[key] = weight
-        self._wsize += weight
-        self.total_weight += weight
-        if len(pending) > self._drain_limit:
-            self._drain()
-        if self.total_weight > self.capacity or self._wsize > self._window_max:
-            return self._evict()
-        return []
+        if weight != 1:
+            self._unit = self._steady = False
+        return self._add(key, weight)
 
     def remove(self, key: Hashable) -> None:
         for seg in (self._window, self._probation, self._protected):
@@ -156,13 +175,150 @@ class WTinyLFUPolicy(BasePolicy):
             if w is not None:
                 self._account(seg, -w)
                 self.total_weight -= w
+                self._steady = False
                 return
 
     def resize(self, capacity: int) -> list:
         _check_capacity(capacity)
         self._window_max = max(1.0, self._window_max * capacity / self.capacity)
         self.capacity = capacity
+        self._steady = False
         return self._evict()
+
+    # -- the miss path -------------------------------------------------------------------------
+
+    def _add(self, key: Hashable, weight: int = 1) -> list:
+        """Insert an absent ``key``; return the victims."""
+        pending = self._pending
+        pending[key] = pending.get(key, 0) + 1
+        if key in self._wghost or key in self._mghost:
+            self._adapt(key)
+        window = self._window
+        window[key] = weight
+        if len(pending) > self._drain_limit:
+            self._drain()
+        if self._steady:
+            # Full, unit weights, window at its target: the window's LRU entry (never ``key``)
+            # meets the probation victim; counts and sizes do not change.
+            probation = self._probation
+            if probation:
+                cand = next(iter(window))
+                del window[cand]
+                victim = next(iter(probation))
+                if victim is self._victim:
+                    vf = self._victim_freq
+                else:
+                    vf = self._freq(victim)
+                    self._victim, self._victim_freq = victim, vf
+                if not vf or self._beats(cand, vf):
+                    del probation[victim]
+                    probation[cand] = 1
+                    lost, code, ghosts = victim, _LOST_MAIN, self._mghost
+                else:
+                    lost, code, ghosts = cand, _LOST_WINDOW, self._wghost
+                if self._adaptive:
+                    ghosts[lost] = code | _TIE if self._tie else code
+                    if len(ghosts) > self._ghost_limit:
+                        ghosts.popitem(last=False)
+                return [lost]
+        self._wsize += weight
+        self.total_weight += weight
+        if self.total_weight > self.capacity or self._wsize > self._window_max:
+            victims = self._evict()
+        else:
+            victims = []
+        self._steady = (self._unit and self.total_weight == self.capacity
+                        and self._wsize <= self._window_max < self._wsize + 1)
+        return victims
+
+    def _beats(self, candidate: Hashable, vf: int) -> bool:
+        """Does ``candidate`` beat a victim of estimate ``vf`` (> 0)? Sets ``_tie``.
+
+        The candidate's estimate is computed row by row with an early exit: once the running
+        minimum cannot beat the victim nor reach the warm threshold, the answer is no.
+        """
+        self._tie = False
+        limit = vf - self._pending.get(candidate, 0)  # the sketch part must exceed this
+        if limit < 0:
+            return True
+        sk = self.sketch
+        h = (((hash(candidate) ^ sk._seed) & _M64) * _MIX) & _M64
+        h ^= h >> 32
+        s, t = sk._shift, sk.table
+        i = ((h * _R0) & _M64) >> s
+        f = (t[i >> 1] >> ((i & 1) << 2)) & 15
+        if f < limit and f + vf - limit < _WARM:
+            return False
+        for mult, base in self._rows:
+            i = (((h * mult) & _M64) >> s) + base
+            c = (t[i >> 1] >> ((i & 1) << 2)) & 15
+            if c < f:
+                f = c
+                if f < limit and f + vf - limit < _WARM:
+                    return False
+        cf = f + vf - limit
+        if cf > 15:
+            cf = 15
+        if cf > vf:
+            return True
+        if cf == vf:
+            self._tie = True
+            if self._tie_score > 0:
+                return True
+        return cf >= _WARM and self._rng.getrandbits(7) == 0
+
+    def _admit(self, candidate: Hashable, victim: Hashable) -> bool:
+        """TinyLFU: does ``candidate`` beat ``victim``? Sets ``_tie`` when they are equal."""
+        if victim is self._victim:
+            vf = self._victim_freq
+        else:
+            vf = self._freq(victim)
+            self._victim, self._victim_freq = victim, vf
+        if vf == 0:
+            self._tie = False
+            return True  # the candidate has at least its own access
+        return self._beats(candidate, vf)
+
+    def _evict(self) -> list:
+        """The general eviction: any weights, any window overflow, a shrinking main."""
+        victims: list = []
+        window, prob, prot = self._window, self._probation, self._protected
+        capacity = self.capacity
+        while self._wsize > self._window_max and len(window) > 1:  # the newest stays
+            cand, cw = window.popitem(last=False)
+            self._wsize -= cw
+            if self.total_weight > capacity:
+                while self.total_weight > capacity:
+                    seg = prob if prob else prot
+                    if not seg:
+                        break
+                    victim = next(iter(seg))
+                    if not self._admit(cand, victim):
+                        break
+                    vw = seg.pop(victim)
+                    self._account(seg, -vw)
+                    self.total_weight -= vw
+                    victims.append(victim)
+                    self._ghost(victim, _LOST_MAIN)
+                if self.total_weight > capacity:  # lost: the candidate leaves
+                    self.total_weight -= cw
+                    victims.append(cand)
+                    self._ghost(cand, _LOST_WINDOW)
+                    continue
+            prob[cand] = cw
+            self._psize += cw
+        while self.total_weight > capacity:  # main (or the window) is over its share
+            seg = prob if prob else (prot if prot else window)
+            if not seg:
+                break
+            key, kw = seg.popitem(last=False)
+            self._account(seg, -kw)
+            self.total_weight -= kw
+            victims.append(key)
+            if seg is not window:
+                self._tie = False
+                self._ghost(key, _LOST_MAIN)
+        return victims
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -178,9 +334,11 @@ class WTinyLFUPolicy(BasePolicy):
         for seg in (self._protected, self._probation, self._window):
             old = seg.get(key)
             if old is not None:
-                seg[key] = weight
-                self._account(seg, weight - old)
-                self.total_weight += weight - old
+                if old != weight:
+                    seg[key] = weight
+                    self._account(seg, weight - old)
+                    self.total_weight += weight - old
+                    self._unit = self._steady = False
                 break
         self.access(key)
         if weight > self.capacity:
@@ -209,91 +367,40 @@ class WTinyLFUPolicy(BasePolicy):
             self.sketch.increment_hashes(list(map(hash, pending)), list(pending.values()))
             pending.clear()
         self._victim = None
-        if len(self) > 2 * self.sketch.capacity:  # weighted: many more entries than expected
-            self.sketch.ensure_capacity(2 * len(self))
-            self._drain_limit = min(4096, max(64, self.sketch.capacity // 4))
+        n = len(self)
+        self._ghost_limit = max(8, int(n * self._ghost_frac))
+        if n > 2 * self.sketch.capacity:  # weighted: many more entries than expected
+            self.sketch.ensure_capacity(2 * n)
+            self._rows = self._row_table()
+            self._drain_limit = min(4096, max(256, self.sketch.capacity))
+
+    def _row_table(self) -> tuple:
+        w = self.sketch.width
+        return tuple((_ROWS[r], r * w) for r in (1, 2, 3))
 
     def _freq(self, key: Hashable) -> int:
         f = self.sketch.frequency_of_hash(hash(key)) + self._pending.get(key, 0)
         return f if f < 15 else 15
 
-    def _admit(self, candidate: Hashable, victim: Hashable) -> bool:
-        if victim is self._victim:
-            vf = self._victim_freq
-        else:
-            vf = self._freq(victim)
-            self._victim, self._victim_freq = victim, vf
-        self._tie = False
-        if vf == 0:
-            return True  # the candidate has at least its own access
-        cf = self._freq(candidate)
-        if cf > vf:
-            return True
-        if cf == vf:
-            self._tie = True
-            if self._tie_score > 0:
-                return True
-        return cf >= _WARM and self._rng.getrandbits(7) == 0
-
     def _adapt(self, key: Hashable) -> None:
-        if key in self._wghost:
-            if self._wghost.pop(key) and self._tie_score < 8:
-                self._tie_score += 1  # a tie we refused came back: ties should go to newcomers
-            grow = True
-        elif key in self._mghost:
-            if self._mghost.pop(key) and self._tie_score > -8:
-                self._tie_score -= 1  # a victim a newcomer beat on a tie came back
-            grow = False
-        else:
+        code = self._wghost.pop(key, 0) or self._mghost.pop(key)
+        if code & _TIE:
+            # A tie we refused came back (+1): ties should go to newcomers; a victim that lost
+            # a tie came back (-1): they should not.
+            score = self._tie_score + (1 if code & _LOST_WINDOW else -1)
+            self._tie_score = max(-8, min(8, score))
+        if not self._adaptive:
             return
         step = max(1.0, self.capacity * self._step_frac)
-        if grow:
+        if code & _LOST_WINDOW:
             self._window_max = min(float(self.capacity), self._window_max + step)
         else:
             self._window_max = max(1.0, self._window_max - step)
+        self._steady = False
 
-    def _ghost(self, ghost: OrderedDict, key: Hashable, tie: bool = False) -> None:
-        ghost[key] = tie
-        if len(ghost) > max(8, int(len(self) * self._ghost_frac)):
-            ghost.popitem(last=False)
-
-    def _evict(self) -> list:
-        victims: list = []
-        window, prob, prot = self._window, self._probation, self._protected
-        capacity = self.capacity
-        while self._wsize > self._window_max and window:
-            cand, cw = window.popitem(last=False)
-            self._wsize -= cw
-            if self.total_weight > capacity:
-                while self.total_weight > capacity:
-                    seg = prob if prob else prot
-                    if not seg:
-                        break
-                    victim = next(iter(seg))
-                    if not self._admit(cand, victim):
-                        break
-                    vw = seg.pop(victim)
-                    self._account(seg, -vw)
-                    self.total_weight -= vw
-                    victims.append(victim)
-                    if self._adaptive:
-                        self._ghost(self._mghost, victim, self._tie)
-                if self.total_weight > capacity:  # lost: the candidate leaves
-                    self.total_weight -= cw
-                    victims.append(cand)
-                    if self._adaptive:
-                        self._ghost(self._wghost, cand, self._tie)
-                    continue
-            prob[cand] = cw
-            self._psize += cw
-        while self.total_weight > capacity:  # main (or the window) is over its share
-            seg = prob if prob else (prot if prot else window)
-            if not seg:
-                break
-            key, kw = seg.popitem(last=False)
-            self._account(seg, -kw)
-            self.total_weight -= kw
-            victims.append(key)
-            if self._adaptive and seg is not window:
-                self._ghost(self._mghost, key)
-        return victims
+    def _ghost(self, key: Hashable, code: int) -> None:
+        if self._adaptive:
+            ghosts = self._wghost if code == _LOST_WINDOW else self._mghost
+            ghosts[key] = code | _TIE if self._tie else code
+            if len(ghosts) > self._ghost_limit:
+                ghosts.popitem(last=False)

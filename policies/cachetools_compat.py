@@ -1,0 +1,178 @@
+"""Drop-in ``cachetools.Cache`` subclasses: ``TinyLFUCache`` (W-TinyLFU) and ``TACache`` (TAC).
+
+``@cachetools.cached(TinyLFUCache(maxsize=1024))`` works unchanged, and so does every other use
+of the cachetools mapping contract: ``maxsize``, ``currsize``, ``getsizeof`` (sizes count
+against ``maxsize``), ``popitem()`` (removes the entry the policy would evict next),
+``ValueError("value too large")`` for a value bigger than the whole cache, ``get``, ``pop``,
+``setdefault``, ``clear`` and iteration.
+
+How: the values live in a plain dict owned here; the eviction decision is the policy object
+from :mod:`mlcache.policies` (the same class the heap level and the simulator use), told about
+every hit and every insert. ``cachetools.Cache`` keeps its own private storage, which these
+classes do not use; they override every method that touches it, and subclass it for
+``isinstance`` checks and for ``cachetools``' decorators, which only use the mapping API.
+
+Hit path cost: one dict lookup plus the policy's ``access`` (a few dict operations): the
+per-access Python work is what a pure-Python cache pays, so it is kept to one call.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Iterator
+
+import cachetools
+
+from .tac import TACPolicy
+from .wtinylfu import WTinyLFUPolicy
+
+__all__ = ["TinyLFUCache", "TACache"]
+
+_MISSING = object()
+
+
+class _PolicyCache(cachetools.Cache):
+    """A cachetools.Cache whose eviction order is an mlcache policy."""
+
+    _policy_class: type = WTinyLFUPolicy
+
+    def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None = None,
+                 **policy_options: Any) -> None:
+        cachetools.Cache.__init__(self, maxsize, getsizeof)
+        self._data: dict[Hashable, Any] = {}
+        self._sizes: dict[Hashable, int] | None = {} if getsizeof is not None else None
+        self._size = 0
+        self._maxsize = maxsize
+        # cachetools allows maxsize=0 (every insert is "too large"); policies need >= 1.
+        self._options = policy_options
+        self._policy = self._policy_class(max(1, maxsize), **policy_options)
+        self._access = self._policy.access
+        self._insert = self._policy.insert
+
+    # -- the mapping ---------------------------------------------------------------------------
+
+    def __getitem__(self, key: Hashable) -> Any:
+        try:
+            value = self._data[key]
+        except KeyError:
+            return self.__missing__(key)
+        self._access(key)
+        return value
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        value = self._data.get(key, _MISSING)
+        if value is _MISSING:
+            return default
+        self._access(key)
+        return value
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        data = self._data
+        if self._sizes is None:
+            if key in data:
+                data[key] = value
+                self._access(key)
+                return
+            if self._maxsize < 1:
+                raise ValueError("value too large")
+            data[key] = value
+            victims = self._insert(key)
+            if victims:
+                for victim in victims:
+                    del data[victim]
+            return
+        sizes = self._sizes
+        size = self.getsizeof(value)
+        if size > self._maxsize:
+            raise ValueError("value too large")
+        if size < 0:
+            raise ValueError("value size must be non-negative")
+        old = sizes.get(key)
+        data[key] = value
+        sizes[key] = size
+        self._size += size - (old or 0)
+        victims = self._insert(key, size)
+        for victim in victims:
+            del data[victim]
+            self._size -= sizes.pop(victim)
+
+    def __delitem__(self, key: Hashable) -> None:
+        del self._data[key]
+        self._policy.remove(key)
+        if self._sizes is not None:
+            self._size -= self._sizes.pop(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self._data!r}, maxsize={self.maxsize!r}, "
+                f"currsize={self.currsize!r})")
+
+    def __copy__(self) -> "_PolicyCache":
+        raise TypeError(f"{type(self).__name__} cannot be copied")
+
+    @property
+    def currsize(self) -> int:
+        return len(self._data) if self._sizes is None else self._size
+
+    def pop(self, key: Hashable, default: Any = _MISSING) -> Any:
+        if key in self._data:
+            value = self._data[key]
+            del self[key]
+            return value
+        if default is _MISSING:
+            raise KeyError(key)
+        return default
+
+    def setdefault(self, key: Hashable, default: Any = None) -> Any:
+        if key in self._data:
+            return self[key]
+        self[key] = default
+        return default
+
+    def popitem(self) -> tuple[Hashable, Any]:
+        """Remove and return the ``(key, value)`` pair the policy would evict next."""
+        if not self._data:
+            raise KeyError(f"{type(self).__name__} is empty")
+        key = self._policy.next_victim()
+        value = self._data[key]
+        del self[key]
+        return key, value
+
+    def clear(self) -> None:
+        self._data.clear()
+        if self._sizes is not None:
+            self._sizes.clear()
+        self._size = 0
+        self._policy = self._policy_class(max(1, self.maxsize), **self._options)
+        self._access = self._policy.access
+        self._insert = self._policy.insert
+
+
+class TinyLFUCache(_PolicyCache):
+    """A ``cachetools.Cache`` with W-TinyLFU eviction and admission (``policy_options`` go to
+    :class:`~mlcache.policies.wtinylfu.WTinyLFUPolicy`)."""
+
+    _policy_class = WTinyLFUPolicy
+
+
+class TACache(_PolicyCache):
+    """A ``cachetools.Cache`` ordered by TAC event timestamps.
+
+    Plain mapping use sees TAC as LRU (every access is "now"). Give event times with
+    :meth:`touch` (an access at ``ts``) and :meth:`hint` (expected use at ``ts``).
+    """
+
+    _policy_class = TACPolicy
+
+    def touch(self, key: Hashable, ts: float) -> None:
+        if key in self._data:
+            self._policy.access(key, ts)
+
+    def hint(self, key: Hashable, ts: float) -> None:
+        self._policy.hint(key, ts)
