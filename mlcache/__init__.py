@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import ArenaConfig, CacheConfig, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
+from .config import (ArenaConfig, CacheConfig, DedupConfig, DiskConfig, HeapConfig,
+                     PrefetchConfig, RedisConfig)
 from .errors import (
     CacheError,
     CapacityError,
@@ -25,6 +26,7 @@ _LAZY = {
     "Namespace": "mlcache.manager",
     "Codec": "mlcache.codec",
     "prefetching": "mlcache.prefetch",
+    "ForwardingSink": "mlcache.sink",
     "CacheableDict": "mlcache.structures",
     "CacheableList": "mlcache.structures",
     "CacheableSet": "mlcache.structures",
@@ -44,6 +46,7 @@ __all__ = [
     "RedisConfig",
     "ArenaConfig",
     "PrefetchConfig",
+    "DedupConfig",
     "CacheError",
     "ConfigError",
     "SerializationError",

@@ -22,6 +22,7 @@ __all__ = [
     "RedisConfig",
     "ArenaConfig",
     "PrefetchConfig",
+    "DedupConfig",
     "CacheConfig",
     "LevelConfig",
     "default_disk_path",
@@ -187,6 +188,40 @@ class PrefetchConfig:
             raise ConfigError("prefetch.hot_threshold", "must be in 0..16 (4-bit counters)")
 
 
+@dataclass(frozen=True)
+class DedupConfig:
+    """The record cache (KIP-63): deduplicated updates forwarded to flush listeners.
+
+    Setting ``CacheConfig(dedup=DedupConfig(...))`` makes the heap the record cache: its policy
+    becomes ``dedup`` and ``max_bytes_buffering`` (when given) its byte budget, shared by every
+    namespace of the manager. ``commit_interval`` forwards the dirty set every that many seconds
+    (``time="wall"``) or event-time units of the ``ts`` given to writes (``time="event"``); None
+    forwards only on ``flush()`` and under eviction pressure. ``batch_size`` bounds the records
+    handed to a listener at once; ``old_values=False`` skips reading the old value of a key
+    written without being resident (listeners then get ``old=None`` for it).
+    """
+
+    max_bytes_buffering: int | None = None
+    commit_interval: float | None = None
+    time: str = "wall"
+    batch_size: int = 1024
+    old_values: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("dedup.max_bytes_buffering", self.max_bytes_buffering)
+        if self.commit_interval is not None and (
+            isinstance(self.commit_interval, bool)
+            or not isinstance(self.commit_interval, (int, float)) or self.commit_interval <= 0
+        ):
+            raise ConfigError("dedup.commit_interval",
+                              f"must be a positive number or None, got {self.commit_interval!r}")
+        if self.time not in ("wall", "event"):
+            raise ConfigError("dedup.time", f"must be 'wall' or 'event', got {self.time!r}")
+        _positive("dedup.batch_size", self.batch_size, allow_none=False)
+        if not isinstance(self.old_values, bool):
+            raise ConfigError("dedup.old_values", f"must be a bool, got {self.old_values!r}")
+
+
 LEVEL_KINDS: dict[str, type[LevelConfig]] = {
     "disk": DiskConfig,
     "redis": RedisConfig,
@@ -216,6 +251,7 @@ class CacheConfig:
     retry_attempts: int = 5
     retry_backoff: float = 0.05
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
+    dedup: DedupConfig | None = None
 
     def __post_init__(self) -> None:
         if self.heap is not None and not isinstance(self.heap, HeapConfig):
@@ -241,6 +277,17 @@ class CacheConfig:
         _positive("eviction_buffer_max", self.eviction_buffer_max, allow_none=False)
         _positive("retry_attempts", self.retry_attempts, allow_none=False)
         _non_negative("retry_backoff", self.retry_backoff)
+        if self.dedup is not None:
+            if not isinstance(self.dedup, DedupConfig):
+                raise ConfigError("dedup", f"must be a DedupConfig or None, "
+                                           f"got {type(self.dedup).__name__}")
+            if self.heap is None:
+                raise ConfigError("dedup", "the record cache is the heap: set heap=HeapConfig(...)")
+            budget = self.dedup.max_bytes_buffering
+            object.__setattr__(self, "heap", dataclasses.replace(
+                self.heap, policy="dedup",
+                policy_options=self.heap.policy_options if self.heap.policy == "dedup" else {},
+                max_bytes=budget if budget is not None else self.heap.max_bytes))
 
     # -- alternative constructors ------------------------------------------------------------
 
@@ -274,6 +321,8 @@ class CacheConfig:
             kwargs["levels"] = tuple(levels)
         if "prefetch" in data and isinstance(data["prefetch"], Mapping):
             kwargs["prefetch"] = _build(PrefetchConfig, data["prefetch"], "prefetch")
+        if "dedup" in data and isinstance(data["dedup"], Mapping):
+            kwargs["dedup"] = _build(DedupConfig, data["dedup"], "dedup")
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:

@@ -144,6 +144,11 @@ class CacheManager(_KeyView):
         self._prefetch_absent = False
         self._closed = False
         self.last_checkpoint_id: Any = None
+        self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
+        if self._heap is not None and self._heap.policy.name == "dedup":
+            from .recordcache import RecordCache
+
+            self._records = RecordCache(self, config.dedup)
 
     # -- context manager / lifecycle ---------------------------------------------------------
 
@@ -308,6 +313,8 @@ class CacheManager(_KeyView):
             self._wb.make_room()
         else:
             self._wb.ensure_writers()
+        if self._records is not None and not prefetch and self._records.has_cuts():
+            self._records.forward()
         return out
 
     def _read_lower(self, keys: list[bytes], out: dict[bytes, Any], ts: float | None,
@@ -452,6 +459,8 @@ class CacheManager(_KeyView):
                 encoded[kb] = (value, raw)
                 self._good_types.add(type(value))
             raws.append(raw)
+        rc = self._records
+        pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
         with self._lock:
             self._check_open()
             wb = self._wb
@@ -466,11 +475,15 @@ class CacheManager(_KeyView):
                     continue
                 if wb.levels:
                     wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
+                if rc is not None:
+                    rc.note_put(kb, pre)
                 victims = heap.insert(kb, value, dirty=True,
                                       size=len(raw) if raw is not None else None, ts=ts)
                 if victims:
                     self._handle_victims(victims, encoded)
             need_room = wb.needs_room()
+        if rc is not None and rc.has_cuts():
+            rc.forward()
         if heap is None:
             if self._levels:
                 self._wb.drain_all()
@@ -483,6 +496,8 @@ class CacheManager(_KeyView):
                         encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
         """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
         heap_st = self._stats.levels["heap"]
+        if self._records is not None:
+            self._records.note_victims(victims)
         for kb, value, dirty in victims:
             self._handed.discard(kb)
             digest = self._digests.pop(kb, None)
@@ -541,9 +556,13 @@ class CacheManager(_KeyView):
         self._delete_kbs([self._kb(key) for key in keys])
 
     def _delete_kbs(self, kbs: list[bytes]) -> None:
+        rc = self._records
+        pre = rc.before_write(kbs, None) if rc is not None else None
         with self._lock:
             self._check_open()
             for kb in kbs:
+                if rc is not None:
+                    rc.note_delete(kb, pre)
                 if self._heap is not None:
                     self._heap.remove(kb)
                 self._digests.pop(kb, None)
@@ -645,6 +664,8 @@ class CacheManager(_KeyView):
 
     def flush(self) -> None:
         """Write every dirty heap entry (and every delete) to the next level, and wait."""
+        if self._records is not None:
+            self._records.flush_all()   # forward the dirty set first (it stages its writes)
         with self._lock:
             self._check_open()
             self._stage_dirty(full_check=False)
@@ -653,6 +674,8 @@ class CacheManager(_KeyView):
 
     def checkpoint(self, checkpoint_id: Any = None) -> None:
         """Make everything durable on the last level (the store of record)."""
+        if self._records is not None:
+            self._records.flush_all()
         with self._lock:
             self._check_open()
             self._stage_dirty(full_check=True)
@@ -682,6 +705,26 @@ class CacheManager(_KeyView):
                 self._heap.dirty.clear()
             self._digests.clear()
             self._handed.clear()
+
+    # -- flush listeners: the record cache (heap policy "dedup", mlcache.recordcache) ----------
+
+    def on_flush(self, callback: Callable[[list], Any]) -> Callable[[list], Any]:
+        """Call ``callback(batch)`` with each flushed batch of ``(key, new, old)``, of every
+        namespace (``batch.namespace``); returns ``callback``, so it works as a decorator."""
+        return self._record_cache().add_listener(None, callback)
+
+    def remove_flush_listener(self, callback: Callable[[list], Any]) -> None:
+        self._record_cache().remove_listener(None, callback)
+
+    def resize_buffering(self, max_bytes: int) -> None:
+        """Change the record cache's byte budget at runtime; shrinking evicts fairly."""
+        self._record_cache().resize(max_bytes)
+
+    def _record_cache(self) -> Any:
+        if self._records is None:
+            raise ConfigError("dedup", "flush listeners need the record cache: "
+                                       "CacheConfig(dedup=DedupConfig(...))")
+        return self._records
 
     # -- prefetching hooks ---------------------------------------------------------------------
 
@@ -785,6 +828,8 @@ class CacheManager(_KeyView):
                 snap["levels"][name]["used_bytes"] = level.used_bytes()
             except Exception:
                 snap["levels"][name]["used_bytes"] = None
+        if self._records is not None:
+            snap["dedup"] = self._records.stats()
         return snap
 
 
@@ -844,6 +889,13 @@ class Namespace(_KeyView):
 
     def stats(self) -> dict[str, Any]:
         return self.manager.stats()
+
+    def on_flush(self, callback: Callable[[list], Any]) -> Callable[[list], Any]:
+        """Call ``callback(batch)`` with this namespace's flushed ``(key, new, old)`` batches."""
+        return self.manager._record_cache().add_listener(self._prefix, callback)
+
+    def remove_flush_listener(self, callback: Callable[[list], Any]) -> None:
+        self.manager._record_cache().remove_listener(self._prefix, callback)
 
     # hooks for mlcache.prefetch, so a Namespace can stand in for its manager
     def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,

@@ -1,0 +1,404 @@
+"""The record cache: forwarding of deduplicated updates on flush (Kafka Streams' KIP-63).
+
+A manager whose heap policy is ``dedup`` (:class:`mlcache.policies.dedup.DedupPolicy`) owns one
+:class:`RecordCache`. The heap is then Kafka's record cache: updates to a key overwrite each other
+in memory, and each dirty key is forwarded to the flush listeners once, as ``(key, new, old)``,
+and written to the next level once, when the dirty set is flushed — on ``flush()``, when the
+commit interval expires, or under eviction pressure.
+
+How the pieces cooperate (the policy decides, the record cache acts, the manager routes):
+
+* **The policy holds the order.** It keeps each namespace's dirty keys in last-update order and
+  the LRU. When its eldest entry is dirty it hands the namespace's whole dirty set to
+  ``policy.flush_listener`` — :meth:`RecordCache._on_policy_flush` — before the eldest leaves.
+* **The cut** (manager lock held, no I/O, no user code): the record cache snapshots each key's
+  new value (the live heap object, or the value it holds for a key that is not resident: a
+  tombstone, an oversize value) and its old value, and queues the records as one
+  :class:`_Cut`. The evicted entry then goes down the ordinary write-back path, so it is never in
+  no level; the cut's other keys stay resident and dirty in the heap.
+* **Forwarding** (lock released, in the thread that wrote or flushed): cuts are delivered in
+  the order they were taken, batch by batch, to the namespace's listeners and the manager's.
+  After every listener took a batch, its entries still holding the forwarded value are encoded
+  and queued to the write-back buffer (the one store write) and marked clean. Listeners run
+  outside the manager lock, so a listener may read and write the cache; its writes are new
+  updates, forwarded by a later flush (``flush()`` runs a few rounds so cascades settle).
+  One forwarding thread at a time: a cut taken by another thread, or by a nested call from
+  a listener, is delivered by the loop already running, so each key's records stay in order.
+* **Failure**: a listener that raises stops the flush; the error reaches the caller of
+  ``flush()``/``put()``. Batches every listener took are done (written, never forwarded again);
+  the rest return to the front of their namespace's dirty order, with the listeners that did
+  take the failed batch remembered, so a retry gives each listener exactly what it missed.
+
+Old values: ``old`` is the value last flushed — the heap value before the first update since
+the last flush, read from the lower levels first (one batched read before the write) when the
+key is not resident; ``None`` when the key had no value. ``new`` is ``None`` for a delete, so a
+``None`` value stored with ``put`` looks like a delete to a listener. Values are the live objects:
+a value mutated in place and put again has ``old is new``; put a new object to see both.
+
+Commit interval: with ``DedupConfig(commit_interval=s)`` the dirty set is forwarded when ``s``
+seconds passed (``time="wall"``) or when a write's ``ts`` enters a new interval of length
+``s`` (``time="event"``, intervals ``[k*s, (k+1)*s)``), before that write is applied, so the
+forwarded values are exactly the per-interval final values. The check runs on writes; the writes
+of a committed interval go down in the background (``flush()`` waits for them).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Hashable, Iterable
+
+from .config import DedupConfig
+from .errors import ConfigError, SerializationError
+from .keys import SEP, decode_key
+
+__all__ = ["FlushBatch", "RecordCache"]
+
+_TOMBSTONE: Any = object()
+_MISSING: Any = object()
+_FLUSH_ROUNDS = 8
+
+
+class FlushBatch(list):
+    """A list of ``(key, new, old)`` from one namespace; ``namespace`` is None for the root.
+
+    ``reason`` says why it was flushed: ``"flush"``, ``"commit"`` or ``"evict"``.
+    """
+
+    __slots__ = ("namespace", "reason")
+
+    def __init__(self, records: Iterable[tuple], namespace: str | None, reason: str) -> None:
+        super().__init__(records)
+        self.namespace = namespace
+        self.reason = reason
+
+
+class _Cut:
+    __slots__ = ("space", "records", "reason")
+
+    def __init__(self, space: bytes, records: list, reason: str) -> None:
+        self.space = space
+        self.records = records        # [(kb, new, old)], last-update order
+        self.reason = reason
+
+
+class RecordCache:
+    """Dirty-set forwarding for one manager (see the module docstring)."""
+
+    def __init__(self, manager: Any, config: DedupConfig | None = None) -> None:
+        self.manager = manager
+        self.config = config or DedupConfig()
+        heap = manager._heap
+        self.heap = heap
+        self.data = heap.data
+        self.policy = heap.policy
+        self.policy.flush_listener = self._on_policy_flush
+        self._root = manager._prefix
+        self._base = manager.config.namespace + "/"
+        self._old: dict[bytes, Any] = {}      # pending key -> value last flushed
+        self._held: dict[bytes, Any] = {}     # pending key not in the heap -> its new value
+        self._partial: dict[bytes, set[int]] = {}  # key -> listeners that took its version
+        self._cuts: deque[_Cut] = deque()
+        self._listeners: dict[bytes | None, list[Callable]] = {}
+        self._fwd_lock = threading.Lock()
+        self._fwd_owner: int | None = None
+        self._reason = "evict"
+        self._interval = self.config.commit_interval
+        self._event_time = self.config.time == "event"
+        self._next_commit: float | None = (
+            None if self._interval is None or self._event_time
+            else time.monotonic() + self._interval)
+        self._preload = self.config.old_values
+        self.stats_counts = {"forwarded": 0, "batches": 0, "flushes": 0, "commits": 0,
+                             "evictions": 0, "listener_errors": 0, "written": 0}
+
+    # -- listeners -----------------------------------------------------------------------------
+
+    def add_listener(self, prefix: bytes | None, callback: Callable) -> Callable:
+        if not callable(callback):
+            raise TypeError(f"a flush listener must be callable(batch), got "
+                            f"{type(callback).__name__}")
+        with self.manager._lock:
+            self._listeners.setdefault(prefix, []).append(callback)
+        return callback
+
+    def remove_listener(self, prefix: bytes | None, callback: Callable) -> None:
+        with self.manager._lock:
+            fns = self._listeners.get(prefix, [])
+            if callback in fns:
+                fns.remove(callback)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.stats_counts)
+        out.update(dirty=self.policy.dirty_count(), namespace_flushes=self.policy.namespace_flushes,
+                   held=len(self._held), queued_cuts=len(self._cuts),
+                   max_bytes_buffering=self.heap.capacity)
+        return out
+
+    # -- write hooks (called by the manager) ---------------------------------------------------
+
+    def before_write(self, kbs: list[bytes], ts: float | None) -> dict[bytes, Any] | None:
+        """Outside the lock, before a put/delete: commit on interval expiry, read old values."""
+        if self._interval is not None and self._fwd_owner != threading.get_ident():
+            self._maybe_commit(ts)
+        if not self._preload:
+            return None
+        data, old = self.data, self._old
+        need = [kb for kb in kbs if kb not in data and kb not in old]
+        if not need:
+            return None
+        return self.manager._load_into_heap(need, ts)
+
+    def _maybe_commit(self, ts: float | None) -> None:
+        interval = self._interval
+        assert interval is not None
+        if self._event_time:
+            if ts is None:
+                return
+            nxt = self._next_commit
+            if nxt is None:
+                self._next_commit = (ts // interval + 1) * interval
+                return
+            if ts < nxt:
+                return
+            self._next_commit = (ts // interval + 1) * interval
+        else:
+            now = time.monotonic()
+            if self._next_commit is not None and now < self._next_commit:
+                return
+            self._next_commit = now + interval
+        self.stats_counts["commits"] += 1
+        self.flush_all("commit", rounds=1)
+
+    def note_put(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> None:
+        """Lock held, before the heap insert of ``kb``: capture its old value, mark it dirty."""
+        if kb not in self._old:
+            self._old[kb] = self._current(kb, preloaded)
+        if self._held:
+            self._held.pop(kb, None)
+        if self._partial:
+            self._partial.pop(kb, None)
+        self.policy.mark_dirty(kb)
+
+    def note_delete(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> None:
+        """Lock held, before the heap drops ``kb``: a tombstone, forwarded in its place."""
+        if kb not in self._old:
+            self._old[kb] = self._current(kb, preloaded)
+        self._held[kb] = _TOMBSTONE
+        if self._partial:
+            self._partial.pop(kb, None)
+        self.policy.mark_dirty(kb)
+
+    def _current(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> Any:
+        value = self.data.get(kb, _MISSING)
+        if value is not _MISSING:
+            return value
+        held = self._held.get(kb, _MISSING)     # only for a key that is pending
+        if held is not _MISSING:
+            return None if held is _TOMBSTONE else held
+        m = self.manager
+        raw = m._wb.pending_lookup(kb)
+        if raw is not None:
+            return m._codec.decode(raw)
+        if preloaded is not None:
+            return preloaded.get(kb)
+        return None
+
+    def note_victims(self, victims: list[tuple[bytes, Any, bool]]) -> None:
+        """Lock held: a dirty victim still pending (refused as too heavy) keeps its new value."""
+        policy = self.policy
+        for kb, value, dirty in victims:
+            if dirty and policy.is_dirty(kb):
+                self._held[kb] = value
+
+    def _on_policy_flush(self, space: Hashable, keys: list) -> None:
+        """The policy's flush listener (lock held): snapshot the namespace's dirty records."""
+        if keys:
+            self.stats_counts["evictions"] += self._reason == "evict"
+            self._cut(space, keys, self._reason)  # type: ignore[arg-type]
+
+    def _cut(self, space: bytes, keys: list, reason: str) -> None:
+        data, held, old = self.data, self._held, self._old
+        records = []
+        for kb in keys:
+            new = data.get(kb, _MISSING)
+            if new is _MISSING:
+                new = held.pop(kb, None)
+                if new is _TOMBSTONE:
+                    new = None
+            else:
+                held.pop(kb, None)
+            records.append((kb, new, old.pop(kb, None)))
+        self._cuts.append(_Cut(space, records, reason))
+
+    def has_cuts(self) -> bool:
+        return bool(self._cuts)
+
+    # -- flushing ------------------------------------------------------------------------------
+
+    def flush_all(self, reason: str = "flush", rounds: int = _FLUSH_ROUNDS) -> None:
+        """Cut every namespace's dirty set and forward it; repeat while listeners add updates."""
+        m = self.manager
+        nested = self._fwd_owner == threading.get_ident()
+        for _ in range(1 if nested else rounds):
+            with m._lock:
+                m._check_open()
+                spaces = self.policy.dirty_namespaces()
+                for space in spaces:
+                    self._cut(space, self.policy.take_dirty(space), reason)
+                if spaces:
+                    self.stats_counts["flushes"] += 1
+            if not spaces and not self._cuts:
+                break
+            self.forward()
+            if nested:
+                break
+        m._wb.ensure_writers()
+
+    def forward(self) -> None:
+        """Deliver the queued cuts in order (one forwarding thread at a time)."""
+        me = threading.get_ident()
+        if self._fwd_owner == me:
+            return                    # a listener's nested call: the running loop delivers
+        with self._fwd_lock:
+            self._fwd_owner = me
+            try:
+                while True:
+                    with self.manager._lock:
+                        if not self._cuts:
+                            return
+                        cut = self._cuts.popleft()
+                    self._deliver(cut)
+            finally:
+                self._fwd_owner = None
+
+    def _targets(self, space: bytes) -> list[Callable]:
+        with self.manager._lock:
+            return list(self._listeners.get(space, ())) + list(self._listeners.get(None, ()))
+
+    def _namespace_name(self, space: bytes) -> str | None:
+        if space == self._root:
+            return None
+        name = space[:-len(SEP)].decode() if space.endswith(SEP) else space.decode()
+        return name[len(self._base):] if name.startswith(self._base) else name
+
+    def _deliver(self, cut: _Cut) -> None:
+        listeners = self._targets(cut.space)
+        records = cut.records
+        size = self.config.batch_size
+        name = self._namespace_name(cut.space)
+        n = len(cut.space)
+        for start in range(0, len(records), size):
+            chunk = records[start:start + size]
+            if listeners:
+                try:
+                    self._call(listeners, chunk, name, n, cut.reason)
+                except BaseException:
+                    self.stats_counts["listener_errors"] += 1
+                    self._restore(cut.space, records[start:])
+                    raise
+            self._written(chunk)
+
+    def _call(self, listeners: list[Callable], chunk: list, name: str | None, n: int,
+              reason: str) -> None:
+        partial = self._partial
+        users = [(decode_key(kb[n:]), new, old) for kb, new, old in chunk]
+        for lid, fn in enumerate(listeners):
+            ident = id(fn)
+            if partial:
+                batch = FlushBatch((u for u, (kb, _, _) in zip(users, chunk)
+                                    if ident not in partial.get(kb, ())), name, reason)
+            else:
+                batch = FlushBatch(users, name, reason)
+            if batch:
+                try:
+                    fn(batch)
+                except BaseException:
+                    with self.manager._lock:
+                        for kb, _, _ in chunk:
+                            got = partial.setdefault(kb, set())
+                            got.update(id(f) for f in listeners[:lid])
+                    raise
+        self.stats_counts["forwarded"] += len(chunk)
+        self.stats_counts["batches"] += 1
+
+    def _written(self, chunk: list) -> None:
+        """Lock taken: forwarded entries still holding the forwarded value go down, clean."""
+        m = self.manager
+        heap, data, wb = self.heap, self.data, m._wb
+        encode = m._codec.encode
+        written = 0
+        with m._lock:
+            partial = self._partial
+            for kb, new, _ in chunk:
+                if partial:
+                    partial.pop(kb, None)
+                if kb not in heap.dirty or data.get(kb, _MISSING) is not new:
+                    continue   # evicted (already queued), deleted, or updated since the cut
+                if kb in heap.pinned:
+                    continue
+                try:
+                    raw = encode(new)
+                except SerializationError:
+                    continue   # stays dirty; the manager's flush reports it
+                wb.enqueue(kb, raw)
+                heap.dirty.discard(kb)
+                written += 1
+            self.stats_counts["written"] += written
+            need_room = wb.needs_room()
+        if need_room:
+            wb.make_room()
+
+    def _restore(self, space: bytes, records: list) -> None:
+        """A flush failed: these records and every queued cut are pending again, in order."""
+        with self.manager._lock:
+            pending = [(space, records)] + [(c.space, c.records) for c in self._cuts]
+            self._cuts.clear()
+            by_space: dict[bytes, list] = {}
+            for sp, recs in pending:
+                by_space.setdefault(sp, []).extend(recs)
+            data, old, held = self.data, self._old, self._held
+            for sp, recs in by_space.items():
+                keys = []
+                for kb, new, prev in recs:
+                    if kb in old:
+                        # Updated again since the cut: its newer value stays pending, but the
+                        # last value downstream saw is still the one before this cut.
+                        old[kb] = prev
+                        continue
+                    old[kb] = prev
+                    if new is None and kb not in data:
+                        held[kb] = _TOMBSTONE
+                    elif data.get(kb, _MISSING) is not new:
+                        held[kb] = new
+                    keys.append(kb)
+                self.policy.restore_dirty(sp, keys)
+
+    # -- budget --------------------------------------------------------------------------------
+
+    def resize(self, max_bytes: int) -> None:
+        """Change the shared budget; shrinking evicts round robin across namespaces."""
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ConfigError("dedup.max_bytes_buffering",
+                              f"must be a positive integer, got {max_bytes!r}")
+        m = self.manager
+        heap = self.heap
+        with m._lock:
+            m._check_open()
+            heap.capacity = max_bytes
+            if heap.by_bytes:
+                heap.max_bytes = max_bytes
+            else:
+                heap.max_entries = max_bytes
+            self._reason = "resize"
+            try:
+                victims = heap._take(self.policy.resize(max_bytes))
+            finally:
+                self._reason = "evict"
+            if victims:
+                m._handle_victims(victims)
+            need_room = m._wb.needs_room()
+        self.forward()
+        if need_room:
+            m._wb.make_room()
+        m._wb.ensure_writers()
