@@ -350,3 +350,34 @@ def test_operator_accepts_namespaces_and_structures(tmp_path):
         out = [d[r]["n"] for r in prefetching(range(200), key=lambda r: r, cache=d, depth=8)]
         assert out == list(range(200))
         assert m.stats()["prefetch"]["useful"] > useful
+
+
+def test_fetch_threads_are_rebuilt_after_fork(redis_url):
+    import os
+
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=100, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="fork"),), namespace="fork",
+                      prefetch=PrefetchConfig(hot_threshold=16))
+    _fill(cfg, [(i, i) for i in range(10)])
+    m = CacheManager(cfg)
+    try:
+        m.hint(0, 0)
+        parent = _prefetcher(m)
+        _wait_idle(parent)
+        pid = os.fork()
+        if pid == 0:                                  # child: fresh threads, same API
+            code = 1
+            try:
+                m.hint(5, 0)
+                child = m._prefetcher
+                _wait_idle(child)
+                alive = [t for t in child._threads if t.is_alive()]
+                if child is not parent and alive and m._resident(m._encode_key(5)):
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        assert all(t.is_alive() for t in parent._threads)   # the parent's are untouched
+    finally:
+        m.close()
