@@ -177,7 +177,8 @@ def report(result: DemoResult) -> str:
         f"processed {result.events:,} transactions of {result.cards:,} cards in "
         f"{result.seconds:.1f} s: {result.throughput:,.0f} tx/s, {result.alerts:,} alerts",
         f"state ~{_fmt_bytes(result.state_bytes)} encoded, heap budget "
-        f"{_fmt_bytes(result.heap_budget)} ({result.state_bytes / result.heap_budget:.0f}x smaller)",
+        f"{_fmt_bytes(result.heap_budget)} "
+        f"({result.state_bytes / result.heap_budget:.0f}x smaller)",
         f"check against an independent tally: {result.mismatches} cards differ",
         "",
         f"{'level':<8}{'hits':>10}{'misses':>10}{'hit ratio':>11}{'keys written':>14}"

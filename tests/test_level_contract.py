@@ -272,7 +272,8 @@ def test_capacity_error_names_level_and_sizes(tmp_path, redis_url):
                   RedisLevel(RedisConfig(url=redis_url, prefix="cap", max_bytes=1000))):
         level.may_evict = False
         level.put_many([(b"a", b"x" * 600)])
-        with pytest.raises(CapacityError, match=r"'%s' is full: 600 bytes used \+ 500" % level.name):
+        expected = r"'%s' is full: 600 bytes used \+ 500" % level.name
+        with pytest.raises(CapacityError, match=expected):
             level.put_many([(b"b", b"y" * 500)])
         level.close()
 

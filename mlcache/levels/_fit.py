@@ -18,7 +18,7 @@ from typing import Iterable, Mapping
 
 from ..errors import CapacityError
 
-__all__ = ["FitPlan", "plan_fit", "capacity_error"]
+__all__ = ["FitPlan", "plan_fit", "batch_delta", "capacity_error"]
 
 
 @dataclass

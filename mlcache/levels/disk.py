@@ -35,7 +35,7 @@ from diskcache.core import DBNAME, MODE_RAW, UNKNOWN
 
 from ..config import DiskConfig
 from ..errors import CacheError, CapacityError, ConfigError, LevelUnavailableError
-from ._fit import capacity_error, plan_fit
+from ._fit import batch_delta, capacity_error, plan_fit
 from .base import Victims
 
 __all__ = ["DiskLevel"]
@@ -150,13 +150,15 @@ class DiskLevel:
                 raise
             if self.max_bytes is not None:
                 for shard in self._shards:
-                    shard._sql("CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)")
+                    shard._sql("CREATE INDEX IF NOT EXISTS Cache_access_time"
+                               " ON Cache (access_time)")
         self._sync_lock = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
 
     def __repr__(self) -> str:
-        return f"DiskLevel(path={self.path!r}, shards={len(self._shards)}, max_bytes={self.max_bytes})"
+        return (f"DiskLevel(path={self.path!r}, shards={len(self._shards)}, "
+                f"max_bytes={self.max_bytes})")
 
     def _shard_index(self, key: bytes) -> int:
         return self._hash(key) % len(self._shards) if len(self._shards) > 1 else 0
@@ -321,7 +323,7 @@ class DiskLevel:
         new = {k: len(v) for k, v in batch.items()}
         old = self._sizes(list(batch))
         if not (self.may_evict or self.lossy):
-            adding = sum(n - old.get(k, 0) for k, n in new.items())
+            adding = batch_delta(new, old)
             if used + adding > limit:
                 raise capacity_error(self.name, used, adding, limit)
         plan = plan_fit(used, limit, new, old, self._candidates())

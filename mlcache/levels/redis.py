@@ -37,7 +37,7 @@ from redis.retry import Retry
 
 from ..config import RedisConfig
 from ..errors import CacheError, CapacityError, LevelUnavailableError
-from ._fit import capacity_error, plan_fit
+from ._fit import batch_delta, capacity_error, plan_fit
 from .base import Victims
 
 __all__ = ["RedisLevel", "glob_escape"]
@@ -270,10 +270,10 @@ class RedisLevel:
                 try:
                     pipe.watch(self._bytes_key)
                     used = int(pipe.get(self._bytes_key) or 0)
-                    old = {k: n for k, n in zip(keys, self._sizes(client, [self.prefix + k for k in keys]))
-                           if n}
+                    sizes = self._sizes(client, [self.prefix + k for k in keys])
+                    old = {k: n for k, n in zip(keys, sizes) if n}
                     if not (self.may_evict or self.lossy):
-                        adding = sum(n - old.get(k, 0) for k, n in new.items())
+                        adding = batch_delta(new, old)
                         if used + adding > limit:
                             pipe.unwatch()
                             raise capacity_error(self.name, used, adding, limit)
