@@ -173,7 +173,13 @@ class ArenaConfig(LevelConfig):
 
 @dataclass(frozen=True)
 class PrefetchConfig:
-    """Keyed prefetching: fetch threads, batch size, hot-key filter, lateness bound."""
+    """Keyed prefetching: fetch threads, batch size, hot-key filter, lateness bound.
+
+    ``hot_threshold``: a resident key whose sketch count exceeds it gets no hint (16 turns the
+    filter off; 12 was chosen by measurement, see docs/implementation/keyed-prefetching.md).
+    ``lateness``: hints for event times older than the latest used one minus this are dropped
+    (``None`` means 0).
+    """
 
     enabled: bool = True
     fetch_threads: int = 2
@@ -184,8 +190,12 @@ class PrefetchConfig:
     def __post_init__(self) -> None:
         _positive("prefetch.fetch_threads", self.fetch_threads, allow_none=False)
         _positive("prefetch.batch_size", self.batch_size, allow_none=False)
-        if not (0 <= self.hot_threshold <= 16):
-            raise ConfigError("prefetch.hot_threshold", "must be in 0..16 (4-bit counters)")
+        if (isinstance(self.hot_threshold, bool) or not isinstance(self.hot_threshold, int)
+                or not (0 <= self.hot_threshold <= 16)):
+            raise ConfigError("prefetch.hot_threshold",
+                              "must be an integer in 0..16 (4-bit counters)")
+        if self.lateness is not None:
+            _non_negative("prefetch.lateness", self.lateness)
 
 
 @dataclass(frozen=True)

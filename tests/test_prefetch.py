@@ -381,3 +381,20 @@ def test_fetch_threads_are_rebuilt_after_fork(redis_url):
         assert all(t.is_alive() for t in parent._threads)   # the parent's are untouched
     finally:
         m.close()
+
+
+def test_prefetch_config_is_validated_and_can_be_disabled(tmp_path):
+    from mlcache.errors import ConfigError
+
+    for bad in ({"lateness": -1.0}, {"hot_threshold": 17}, {"fetch_threads": 0},
+                {"batch_size": 0}):
+        with pytest.raises(ConfigError, match="prefetch."):
+            PrefetchConfig(**bad)
+    cfg = _disk_config(tmp_path, None, enabled=False)
+    _fill(cfg, [(i, i) for i in range(20)])
+    with CacheManager(cfg) as m:
+        it = prefetching(range(20), key=lambda r: r, cache=m)
+        assert [m.get(r) for r in it] == list(range(20))     # a plain pass-through
+        assert m._prefetcher is None and m.stats()["prefetch"].get("hints") is None
+        with pytest.raises(RecordKeyError, match="record 0"):
+            next(prefetching([1.5], key=lambda r: r, cache=m))
