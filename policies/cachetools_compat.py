@@ -44,8 +44,7 @@ class _PolicyCache(cachetools.Cache):
         # cachetools allows maxsize=0 (every insert is "too large"); policies need >= 1.
         self._options = policy_options
         self._policy = self._policy_class(max(1, maxsize), **policy_options)
-        self._access = self._policy.access
-        self._insert = self._policy.insert
+        self._bind()
 
     # -- the mapping ---------------------------------------------------------------------------
 
@@ -74,7 +73,7 @@ class _PolicyCache(cachetools.Cache):
             if self._maxsize < 1:
                 raise ValueError("value too large")
             data[key] = value
-            victims = self._insert(key)
+            victims = self._add(key)
             if victims:
                 for victim in victims:
                     del data[victim]
@@ -144,14 +143,20 @@ class _PolicyCache(cachetools.Cache):
         del self[key]
         return key, value
 
+    def _bind(self) -> None:
+        policy = self._policy
+        self._access = policy.access
+        self._insert = policy.insert
+        # The unit-weight miss path: the key is known to be absent, skip the policy's checks.
+        self._add = getattr(policy, "_add", policy.insert)
+
     def clear(self) -> None:
         self._data.clear()
         if self._sizes is not None:
             self._sizes.clear()
         self._size = 0
         self._policy = self._policy_class(max(1, self.maxsize), **self._options)
-        self._access = self._policy.access
-        self._insert = self._policy.insert
+        self._bind()
 
 
 class TinyLFUCache(_PolicyCache):
