@@ -56,6 +56,12 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["simulate"]:
+        # argparse's REMAINDER drops a leading "--option"; hand the rest over untouched.
+        from .sim.cli import main as sim_main
+
+        return sim_main(args_list[1:])
     parser = argparse.ArgumentParser(prog="mlcache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the main demo job on the embedded default")
