@@ -1,0 +1,154 @@
+"""``mlcache bench policies``: W-TinyLFU against cachetools LRU/LFU and theine, in one run.
+
+Workloads: the published traces in ``../shared/traces`` (oltp@500, glimpse@1000, loop@500,
+sprite@500, and ps@500, cs@500 for breadth) and a Zipf trace (alpha 0.9 over 100K keys,
+capacity 1000; 1M requests, 200K with ``--quick``). Every cache sees the same requests through
+the memoizing pattern ``@cachetools.cached`` uses (``cache[k]``, and ``cache[k] = v`` after a
+``KeyError``); theine through its own ``get``/``set``. One pass gives the hit ratio; the Zipf
+pass is repeated (interleaved, best of N) for throughput, timed in process CPU time so other
+processes on a shared machine do not skew the ratios. Bélády's optimum (the simulator) is shown
+for scale.
+
+Goals (issue 3): W-TinyLFU >= theine on every trace; glimpse >= 51, oltp >= 34, loop >= 46,
+zipf >= 45.4; never more than 1 point below LRU; TinyLFUCache >= 1.0x cachetools.LRUCache and
+>= 2.5x theine get/set throughput on the Zipf trace.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any, Callable, Hashable, Sequence
+
+from ._report import BenchReport
+
+__all__ = ["add_arguments", "run"]
+
+_TRACES = (("oltp", "arc", "oltp.arc.gz", 500), ("glimpse", "lirs", "glimpse.trace.gz", 1000),
+           ("loop", "lirs", "loop.trace.gz", 500), ("sprite", "lirs", "sprite.trace.gz", 500),
+           ("ps", "lirs", "ps.trace.gz", 500), ("cs", "lirs", "cs.trace.gz", 500))
+_TARGETS = {"glimpse": 51.0, "oltp": 34.0, "loop": 46.0, "zipf": 45.4}
+
+
+def _default_traces_dir() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.abspath(os.path.join(here, "..", "..", "..", "shared", "traces"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--traces", metavar="DIR", default=os.environ.get("MLCACHE_TRACES"),
+                        help="directory of the published traces (default ../shared/traces)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="throughput repetitions on the Zipf trace (default 3, quick 1)")
+
+
+def _memoize_pass(cache: Any, keys: Sequence[Hashable]) -> tuple[int, float]:
+    hits = 0
+    start = time.process_time()
+    for k in keys:
+        try:
+            cache[k]
+            hits += 1
+        except KeyError:
+            cache[k] = k
+    return hits, time.process_time() - start
+
+
+def _theine_pass(cache: Any, keys: Sequence[Hashable]) -> tuple[int, float]:
+    hits = 0
+    get, put = cache.get, cache.set
+    start = time.process_time()
+    for k in keys:
+        if get(k)[1]:
+            hits += 1
+        else:
+            put(k, k)
+    return hits, time.process_time() - start
+
+
+def _contenders(capacity: int) -> dict[str, tuple[Callable[[], Any], Callable]]:
+    import cachetools
+
+    from mlcache.policies.cachetools_compat import TinyLFUCache
+
+    out: dict[str, tuple[Callable[[], Any], Callable]] = {
+        "cachetools.LRUCache": (lambda: cachetools.LRUCache(capacity), _memoize_pass),
+        "cachetools.LFUCache": (lambda: cachetools.LFUCache(capacity), _memoize_pass),
+        "mlcache.TinyLFUCache": (lambda: TinyLFUCache(capacity), _memoize_pass),
+    }
+    try:
+        import theine
+
+        out["theine.Cache"] = (lambda: theine.Cache(capacity), _theine_pass)
+    except ImportError:  # the bench extra is not installed
+        pass
+    return out
+
+
+def run(args: argparse.Namespace) -> BenchReport:
+    from mlcache.sim import play, read_trace, zipf
+
+    quick = bool(getattr(args, "quick", False))
+    report = BenchReport("policies", quick=quick)
+    traces_dir = getattr(args, "traces", None) or _default_traces_dir()
+    repeat = getattr(args, "repeat", None) or (1 if quick else 3)
+    workloads = []
+    for name, fmt, fname, capacity in _TRACES:
+        path = os.path.join(traces_dir, fname)
+        if not os.path.exists(path):
+            report.note(f"{name}: {path} not found, skipped")
+            continue
+        trace = read_trace(f"{fmt}:{path}")
+        if quick and len(trace) > 200_000:
+            trace.keys = trace.keys[:200_000]
+            report.note(f"{name}: first 200,000 requests (quick)")
+        workloads.append((name, trace, capacity))
+    n_zipf = 200_000 if quick else 1_000_000
+    workloads.append(("zipf", zipf(n_zipf, n_keys=100_000, alpha=0.9, seed=1), 1000))
+
+    ratios: dict[str, dict[str, float]] = {}
+    for name, trace, capacity in workloads:
+        keys = trace.keys
+        row: dict[str, float] = {}
+        for variant, (make, pass_fn) in _contenders(capacity).items():
+            hits, seconds = pass_fn(make(), keys)
+            row[variant] = 100.0 * hits / len(keys)
+            report.result(f"{name}@{capacity} {variant}", trace=name, capacity=capacity,
+                          requests=len(keys), hit_pct=round(row[variant], 2),
+                          ops_per_s=round(len(keys) / seconds) if seconds else 0)
+        opt = play("belady", trace, capacity)
+        row["opt"] = opt.hit_ratio
+        report.result(f"{name}@{capacity} belady (OPT)", trace=name, capacity=capacity,
+                      requests=len(keys), hit_pct=round(opt.hit_ratio, 2))
+        ratios[name] = row
+
+    # Throughput on Zipf: interleaved repetitions, best of each, process CPU time.
+    zkeys = workloads[-1][1].keys
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for variant, (make, pass_fn) in _contenders(1000).items():
+            _, seconds = pass_fn(make(), zkeys)
+            ops = len(zkeys) / seconds if seconds else 0.0
+            best[variant] = max(best.get(variant, 0.0), ops)
+    for variant, ops in best.items():
+        report.result(f"zipf throughput {variant}", trace="zipf", capacity=1000,
+                      requests=len(zkeys), ops_per_s=round(ops))
+
+    ours = "mlcache.TinyLFUCache"
+    for name, row in ratios.items():
+        if "theine.Cache" in row:
+            report.goal(f"{name}: wtinylfu hit% - theine hit%", row[ours] - row["theine.Cache"],
+                        ">=", 0.0)
+        if name in _TARGETS:
+            report.goal(f"{name}: wtinylfu hit%", row[ours], ">=", _TARGETS[name])
+        report.goal(f"{name}: wtinylfu hit% - LRU hit%", row[ours] - row["cachetools.LRUCache"],
+                    ">=", -1.0)
+    report.goal("zipf throughput TinyLFUCache / cachetools.LRUCache",
+                best[ours] / best["cachetools.LRUCache"], ">=", 1.0)
+    if "theine.Cache" in best:
+        report.goal("zipf throughput TinyLFUCache / theine", best[ours] / best["theine.Cache"],
+                    ">=", 2.5)
+    report.note("access pattern: cache[k], then cache[k] = k on KeyError (what @cachetools.cached "
+                "does); theine: get/set. Throughput: best of %d interleaved runs, process CPU "
+                "time." % repeat)
+    return report
