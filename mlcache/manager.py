@@ -18,6 +18,7 @@ import importlib
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from .codec import Codec
@@ -47,6 +48,17 @@ def register_structure(kind: str, factory: Callable[..., Any]) -> None:
 def _digest(data: bytes) -> tuple[int, int]:
     # In-process only, so the salted built-in hash is fine and far cheaper than a crypto hash.
     return len(data), hash(data)
+
+
+def _after_fork(ref: Any) -> None:
+    """In a forked child: locks may have been held by threads that do not exist here, and no
+    writer or fetch thread was copied; start over with fresh ones (created lazily)."""
+    manager = ref()
+    if manager is None:
+        return
+    manager._lock = threading.RLock()
+    manager._loading = {}
+    manager._wb.reset_after_fork(manager._lock)
 
 
 class _Load:
@@ -146,6 +158,9 @@ class CacheManager(_KeyView):
         self._prefetcher_pid = 0
         self._prefetch_absent = False
         self._closed = False
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _after_fork(ref))
         self.last_checkpoint_id: Any = None
         self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
         if self._heap is not None and self._heap.policy.name == "dedup":

@@ -117,6 +117,15 @@ class WriteBack:
     def pending_lookup(self, key: bytes) -> bytes | None:
         return self.buffer.pending[0].get(key) if self.levels else None
 
+    def reset_after_fork(self, lock: Any) -> None:
+        self.lock = lock
+        self.io_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._threads = []
+        self._pid = 0
+        if len(self.buffer) or self.tombstones:
+            self._wake.set()
+
     # -- writer threads --------------------------------------------------------------------
 
     def ensure_writers(self) -> None:

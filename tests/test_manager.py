@@ -365,3 +365,25 @@ def test_default_config_builds(tmp_path, monkeypatch):
         m.put("x", {"y": 1})
         assert m.get("x") == {"y": 1}
         assert m.stats()["levels"]["heap"]["policy"] in ("wtinylfu", "lru")
+
+
+def test_manager_works_in_a_forked_child(tmp_path):
+    import os
+
+    cfg = CacheConfig(heap=heap(2), levels=(DiskConfig(path=str(tmp_path)),))
+    m = CacheManager(cfg)
+    m.put_many({i: [i] for i in range(6)})      # writer thread running in the parent
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            m.put("child", [42])
+            m.flush()
+            code = 0 if m.get(5) == [5] else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    m.close()
+    with CacheManager(cfg) as again:
+        assert again.get("child") == [42] and again.get(0) == [0]
