@@ -50,6 +50,25 @@ def _digest(data: bytes) -> tuple[int, int]:
     return len(data), hash(data)
 
 
+def _plain_key(key: Any) -> Any:
+    """Subclasses of str/int/bytes (str enums, IntEnum, ...) key like their base value, as in
+    a dict; bool stays (keys.py folds it into int)."""
+    t = type(key)
+    if t is str or t is int or t is bytes or t is bool:
+        return key
+    if t is tuple:
+        return tuple(_plain_key(k) for k in key)
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, bytes):
+        return bytes(key)
+    if isinstance(key, int):
+        return int(key)
+    if isinstance(key, tuple):
+        return tuple(_plain_key(k) for k in key)
+    return key
+
+
 def _after_fork(ref: Any) -> None:
     """In a forked child: locks may have been held by threads that do not exist here, and no
     writer or fetch thread was copied; start over with fresh ones (created lazily)."""
@@ -87,7 +106,7 @@ class _KeyView:
             kb = self._memo.get(key)
             if kb is not None:
                 return kb
-        kb = self._prefix + encode_key(key)
+        kb = self._prefix + encode_key(_plain_key(key))
         memo = self._memo
         if len(memo) >= _MEMO_MAX:
             memo.clear()
@@ -358,7 +377,7 @@ class CacheManager(_KeyView):
             for w in waits:
                 w.done.wait()
             todo = retry
-        if self._wb.needs_room():
+        if self._wb.needs_room() and not self._lock._is_owned():  # type: ignore[attr-defined]
             self._wb.make_room()
         else:
             self._wb.ensure_writers()
@@ -535,7 +554,11 @@ class CacheManager(_KeyView):
             need_room = wb.needs_room()
         if rc is not None and rc.has_cuts():
             rc.forward()
-        if heap is None:
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            # called back from code holding our lock: writing now could deadlock with a
+            # writer thread, so leave it to the writer (woken by the enqueue)
+            self._wb.ensure_writers()
+        elif heap is None:
             if self._levels:
                 self._wb.drain_all()
         elif need_room:

@@ -387,3 +387,19 @@ def test_manager_works_in_a_forked_child(tmp_path):
     m.close()
     with CacheManager(cfg) as again:
         assert again.get("child") == [42] and again.get(0) == [0]
+
+
+def test_key_subclasses_key_like_their_base_value(m):
+    import enum
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    m.put(Color.RED, 1)
+    m.put(Level.HIGH, 2)
+    m.put(("t", Level.HIGH), 3)
+    assert m.get("red") == 1 and m.get(3) == 2 and m.get(("t", 3)) == 3
+    assert sorted(map(repr, m.keys())) == sorted(map(repr, ["red", 3, ("t", 3)]))
