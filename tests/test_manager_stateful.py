@@ -160,6 +160,20 @@ def make_machine(build, *, durable: bool, lossy_heap: bool = False):
         def checkpoint(self):
             self.m.checkpoint()
 
+        @precondition(lambda self: durable)
+        @rule()
+        def checkpoint_reaches_the_store_of_record(self):
+            """After checkpoint the last level alone holds exactly the model."""
+            self.m.checkpoint()
+            last = self.m._levels[-1]
+            keys = list(self.model)
+            raw = last.get_many([self.m._encode_key(k) for k in keys])
+            assert [self.m._codec.decode(r) if r is not None else _ABSENT for r in raw] == \
+                [self.model[k] for k in keys]
+            prefix = self.m._prefix
+            stored = {self.m._user_key(kb) for kb in last.scan(prefix)}
+            assert stored == set(self.model)
+
         @precondition(lambda self: durable or lossy_heap)
         @rule()
         def close_and_reopen(self):
