@@ -70,6 +70,14 @@ def _open_text(path: str) -> IO[str]:
     return open(path, encoding="utf-8", errors="replace")
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _int_key(text: str) -> Hashable:
     return int(text) if text.isdigit() else text
 
@@ -150,8 +158,8 @@ def _read_csv(path: str, lines: _Lines, keys: list, ts: list, weights: list) -> 
                 if w is not None and w <= 0:
                     raise ValueError
             except ValueError:
-                if lineno == 1 and not keys:  # a header line
-                    continue
+                if lineno == 1 and not keys and len(parts) > 1 and not _is_number(parts[1]):
+                    continue  # a header line: its second field is a name, not a time
                 lines.bad(lineno, text, "ts must be a number and weight a positive integer")
                 continue
             keys.append(_int_key(parts[0]))
