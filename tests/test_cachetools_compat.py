@@ -1,0 +1,133 @@
+"""TinyLFUCache and TACache honour the cachetools.Cache contract and work with @cached."""
+from __future__ import annotations
+
+import random
+
+import cachetools
+import pytest
+
+from mlcache import TACache, TinyLFUCache
+
+CLASSES = [TinyLFUCache, TACache]
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_is_a_cachetools_cache_usable_with_cached(cls):
+    cache = cls(maxsize=32)
+    assert isinstance(cache, cachetools.Cache)
+    calls = []
+
+    @cachetools.cached(cache)
+    def square(x):
+        calls.append(x)
+        return x * x
+
+    assert [square(i % 10) for i in range(50)] == [(i % 10) ** 2 for i in range(50)]
+    assert sorted(calls) == list(range(10))  # each computed once: everything fits
+    assert len(cache) == 10 and cache.currsize == 10
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_maxsize_currsize_and_eviction(cls):
+    cache = cls(maxsize=50)
+    rng = random.Random(1)
+    for _ in range(3000):
+        k = int(rng.paretovariate(1.0))
+        if cache.get(k) is None:
+            cache[k] = str(k)
+        assert len(cache) <= 50 and cache.currsize == len(cache)
+    assert cache.maxsize == 50
+    for k in list(cache):
+        assert cache[k] == str(k)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_getsizeof_counts_against_maxsize(cls):
+    cache = cls(maxsize=100, getsizeof=len)
+    for i in range(200):
+        cache[i] = "x" * (1 + i % 30)
+        assert cache.currsize <= 100
+        assert cache.currsize == sum(len(v) for v in cache.values())
+    with pytest.raises(ValueError, match="value too large"):
+        cache["big"] = "x" * 101
+    assert "big" not in cache
+    cache["big"] = "x" * 100  # exactly the maxsize fits, alone
+    assert cache.currsize <= 100
+    cache[5] = "abc"
+    cache[5] = "abcdef"  # replacing changes the size
+    assert cache.currsize == sum(len(v) for v in cache.values())
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_value_too_large_with_maxsize_zero(cls):
+    cache = cls(maxsize=0)
+    with pytest.raises(ValueError, match="value too large"):
+        cache["a"] = 1
+    assert len(cache) == 0
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_popitem_removes_the_next_victim(cls):
+    cache = cls(maxsize=10)
+    for i in range(10):
+        cache[i] = i
+    key, value = cache.popitem()
+    assert key == value and key not in cache and len(cache) == 9
+    while cache:
+        cache.popitem()
+    with pytest.raises(KeyError):
+        cache.popitem()
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_mapping_methods(cls):
+    cache = cls(maxsize=10)
+    cache["a"] = 1
+    assert cache.get("a") == 1 and cache.get("zz", 7) == 7
+    assert cache.setdefault("b", 2) == 2 and cache.setdefault("b", 3) == 2
+    assert cache.pop("a") == 1 and cache.pop("a", None) is None
+    with pytest.raises(KeyError):
+        cache.pop("a")
+    with pytest.raises(KeyError):
+        cache["missing"]
+    del cache["b"]
+    assert len(cache) == 0 and cache.currsize == 0
+    cache["c"] = 3
+    cache.clear()
+    assert len(cache) == 0 and "c" not in cache
+    cache["d"] = 4
+    assert dict(cache) == {"d": 4}
+    assert "maxsize=10" in repr(cache)
+
+
+def test_missing_hook_like_cachetools():
+    class Loading(TinyLFUCache):
+        def __missing__(self, key):
+            self[key] = key * 2
+            return key * 2
+
+    cache = Loading(maxsize=4)
+    assert cache[3] == 6 and 3 in cache
+
+
+def test_tinylfu_keeps_frequent_keys_under_a_scan():
+    cache = TinyLFUCache(maxsize=100)
+    hot = list(range(50))
+    for _ in range(20):
+        for k in hot:
+            if cache.get(k) is None:
+                cache[k] = k
+    for k in range(1000, 6000):  # a one-pass scan, 50x the cache
+        if cache.get(k) is None:
+            cache[k] = k
+    assert sum(k in cache for k in hot) >= 45  # LRU would keep none
+
+
+def test_tacache_orders_by_event_time():
+    cache = TACache(maxsize=3)
+    for k, ts in (("a", 10.0), ("b", 20.0), ("c", 30.0)):
+        cache[k] = k
+        cache.touch(k, ts)
+    cache.hint("a", 100.0)  # "a" is expected at t=100: renewed
+    cache["d"] = "d"
+    assert "b" not in cache and "a" in cache
