@@ -164,6 +164,15 @@ class ArenaConfig(LevelConfig):
         _positive("arena.buffer_size", self.buffer_size, allow_none=False)
         if self.buffer_size % self.block_size:
             raise ConfigError("arena.buffer_size", "must be a multiple of block_size")
+        if not 64 <= self.block_size <= 32768:
+            raise ConfigError("arena.block_size", f"must be in 64..32768, got {self.block_size}")
+        blocks = self.buffer_size // self.block_size
+        if blocks < 2 or 8 * blocks > self.block_size:
+            # block 0 holds 8 bytes of metadata for every block of its buffer
+            raise ConfigError("arena.buffer_size", f"must hold 2..{self.block_size // 8} blocks "
+                              f"of {self.block_size} bytes, got {blocks}")
+        if not isinstance(self.policy, str) or not self.policy:
+            raise ConfigError("arena.policy", f"must be a policy name, got {self.policy!r}")
 
     def build(self) -> Any:
         from .levels.arena import ArenaLevel

@@ -120,6 +120,8 @@ class ArenaLevel:
         self._fresh_next = array("H", [0, *range(2, bpb), 0])
         self._fresh_len = array("H", [_FREE]) * bpb
         self._policy = get_policy(cfg.policy)(self.max_bytes)
+        self._lookup = self._index.get          # bound once: the hot paths skip two lookups
+        self._access = self._policy.access
         # Values up to this size always fit an empty arena whatever the key (up to 4 KiB).
         self._small = self._max_blocks(ENTRY_OVERHEAD + 4096) * bs
         self.evictions = 0
@@ -354,7 +356,7 @@ class ArenaLevel:
             self._drop(victim, packed)
             self.evictions += 1
 
-    def _check_batch(self, items: Sequence[tuple[bytes, Any]]) -> list[tuple[bytes, Any]] | None:
+    def _check_batch(self, items: Sequence[tuple[bytes, Any]]) -> Sequence[tuple[bytes, Any]]:
         """Validate a batch before anything changes; normalise non-bytes values to views.
 
         Raises TypeError for bad keys/values and CapacityError for an entry larger than the
@@ -377,7 +379,7 @@ class ArenaLevel:
                     raise error
         if not (self.may_evict or self.lossy):
             self._check_store_of_record(fixed if fixed is not None else items)
-        return fixed
+        return fixed if fixed is not None else items
 
     def _check_store_of_record(self, items: Sequence[tuple[bytes, Any]]) -> None:
         bs = self.block_size
@@ -396,6 +398,9 @@ class ArenaLevel:
                 f"more blocks ({blocks * bs} bytes) + {charge} index bytes; "
                 f"{self.memory_bytes()} of max_bytes={self.max_bytes} in use; it is the store "
                 f"of record, so nothing was written", level=self.name)
+
+    def _closed_lookup(self, key: bytes) -> None:
+        self._check_open()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -431,14 +436,12 @@ class ArenaLevel:
             return out
 
     def get(self, key: bytes) -> bytes | None:
-        """One key: ``get_many([key])[0]`` without the lists."""
+        """One key: ``get_many([key])[0]`` without the lists (the hot path)."""
         with self._lock:
-            if self._closed:
-                self._check_open()
-            packed = self._index.get(key)
+            packed = self._lookup(key)
             if packed is None:
                 return None
-            self._policy.access(key)
+            self._access(key)
             if packed & _CONTIG:
                 bs = self.block_size
                 size = packed >> 33
@@ -453,7 +456,12 @@ class ArenaLevel:
                 self._check_open()
             if not isinstance(items, (list, tuple)):
                 items = list(items)
-            items = self._check_batch(items) or items
+            small = self._small
+            for key, value in items:
+                if type(key) is not bytes or type(value) is not bytes or len(value) > small \
+                        or not (self.may_evict or self.lossy):
+                    items = self._check_batch(items)
+                    break
             victims: Victims = []
             sink = victims if self.may_evict else None
             bs = self.block_size
@@ -598,6 +606,7 @@ class ArenaLevel:
                 return
             self._closed = True
             self._index.clear()
+            self._lookup = self._closed_lookup
             for group in (self._prev, self._len, self._next, self._views):
                 for view in group:
                     view.release()
