@@ -5,7 +5,9 @@ A node is one entry, keyed by an integer id (the root is 0), holding a short lis
     [x0, y0, x1, y1, depth, count, children, points, tmin]
 
 ``children`` is ``None`` at a leaf, else the ids of the four quadrants (SW, SE, NW, NE);
-``points`` is the leaf's list of ``[x, y, data, ts]`` (``None`` inside); ``count`` is the number
+``points`` is the leaf's points as one flat list ``[x, y, data, ts, x, y, data, ts, ...]`` (``None``
+inside; flat because the heap weighs a put value by walking it, and one level less makes that
+walk four times shorter); ``count`` is the number
 of points in the subtree, so density questions (``count(rect)``, ``grid_counts(depth)``) stop at
 the highest node that lies inside the region and never read its leaves; ``tmin`` is a lower
 bound of the subtree's timestamps, so ``prune_older(t)`` skips subtrees with nothing to drop.
@@ -64,6 +66,16 @@ def _min_ts(a: float | None, b: float | None) -> float | None:
     if b is None:
         return a
     return a if a < b else b
+
+
+def _recs(pts: list) -> Iterator[tuple]:
+    """The ``(x, y, data, ts)`` records of a leaf's flat point list."""
+    return zip(pts[0::4], pts[1::4], pts[2::4], pts[3::4])
+
+
+def _min_of(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
 
 
 def _quadrant(node: list, x: float, y: float) -> int:
@@ -127,7 +139,7 @@ class _QuadtreeOps:
                              f"({x0!r}, {y0!r}, {x1!r}, {y1!r})")
         return [x, y, self._store(data), ts]
 
-    def _as_point(self, rec: list) -> Point:
+    def _as_point(self, rec: Any) -> Point:
         return Point(rec[0], rec[1], self._load(rec[2]), rec[3])
 
     # -- insert ------------------------------------------------------------------------------
@@ -163,8 +175,10 @@ class _QuadtreeOps:
                 node[TMIN] = tmin
                 kids = node[KIDS]
                 if kids is None:
-                    node[PTS].extend(batch)
-                    if len(node[PTS]) > capacity and node[DEPTH] < max_depth:
+                    pts = node[PTS]
+                    for rec in batch:
+                        pts.extend(rec)
+                    if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
                         self._split(node, touched, capacity, max_depth)
                     continue
                 mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
@@ -187,16 +201,15 @@ class _QuadtreeOps:
         self._meta["nodes"] += 4
         kids = [first, first + 1, first + 2, first + 3]
         parts: list[list] = [[], [], [], []]
-        for rec in node[PTS]:
-            parts[_quadrant(node, rec[0], rec[1])].append(rec)
+        for rec in _recs(node[PTS]):
+            parts[_quadrant(node, rec[0], rec[1])].extend(rec)
         node[KIDS], node[PTS] = kids, None
         for q in range(4):
-            tmin = None
-            for rec in parts[q]:
-                tmin = _min_ts(tmin, rec[3])
-            child = [*_child_bounds(node, q), node[DEPTH] + 1, len(parts[q]), None, parts[q], tmin]
+            part = parts[q]
+            child = [*_child_bounds(node, q), node[DEPTH] + 1, len(part) // 4, None, part,
+                     _min_of(part[3::4])]
             touched[kids[q]] = child
-            if len(parts[q]) > capacity and child[DEPTH] < max_depth:
+            if len(part) > 4 * capacity and child[DEPTH] < max_depth:
                 self._split(child, touched, capacity, max_depth)
 
     # -- remove and merge --------------------------------------------------------------------
@@ -216,12 +229,13 @@ class _QuadtreeOps:
             nid = node[KIDS][_quadrant(node, x, y)]
         pts = node[PTS]
         stored = _ANY if data is _ANY else self._store(data)
-        for j, rec in enumerate(pts):
-            if rec[0] == x and rec[1] == y and (stored is _ANY or rec[2] == stored):
+        for j in range(0, len(pts), 4):
+            if pts[j] == x and pts[j + 1] == y and (stored is _ANY or pts[j + 2] == stored):
                 break
         else:
             raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
-        rec = pts.pop(j)
+        rec = pts[j:j + 4]
+        del pts[j:j + 4]
         for _, n in path:
             n[COUNT] -= 1
         touched: dict[int, list] = dict(path)
@@ -256,13 +270,12 @@ class _QuadtreeOps:
                 gone.append(kid)
                 if child[KIDS] is None:
                     points.extend(child[PTS])
-                    for rec in child[PTS]:
-                        tmin = _min_ts(tmin, rec[3])
+                    tmin = _min_ts(tmin, _min_of(child[PTS][3::4]))
                 else:
                     nxt.extend(child[KIDS])
             frontier = nxt
         self._meta["nodes"] -= len(gone) - before
-        node[KIDS], node[PTS], node[COUNT], node[TMIN] = None, points, len(points), tmin
+        node[KIDS], node[PTS], node[COUNT], node[TMIN] = None, points, len(points) // 4, tmin
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -286,7 +299,7 @@ class _QuadtreeOps:
             if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
                 return False
             if node[KIDS] is None:
-                out.extend(self._as_point(r) for r in node[PTS]
+                out.extend(self._as_point(r) for r in _recs(node[PTS])
                            if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
             return True
 
@@ -305,7 +318,7 @@ class _QuadtreeOps:
                 total += node[COUNT]
                 return False
             if node[KIDS] is None:
-                total += sum(1 for r in node[PTS] if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+                total += sum(1 for r in _recs(node[PTS]) if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
             return True
 
         self._walk(visit)
@@ -320,7 +333,7 @@ class _QuadtreeOps:
             if _mindist2(node, x, y) > r2:
                 return False
             if node[KIDS] is None:
-                for rec in node[PTS]:
+                for rec in _recs(node[PTS]):
                     dx, dy = rec[0] - x, rec[1] - y
                     if dx * dx + dy * dy <= r2:
                         out.append(self._as_point(rec))
@@ -345,7 +358,7 @@ class _QuadtreeOps:
             if node is None:
                 continue
             if node[KIDS] is None:
-                for rec in node[PTS]:
+                for rec in _recs(node[PTS]):
                     dx, dy = rec[0] - x, rec[1] - y
                     heapq.heappush(heap, (dx * dx + dy * dy, seq, 1, rec))
                     seq += 1
@@ -358,12 +371,20 @@ class _QuadtreeOps:
                         seq += 1
         return out
 
-    def grid_counts(self, depth: int) -> dict[tuple[int, int], int]:
+    def grid_counts(self, depth: int, cells: Iterable[tuple[int, int]] | None = None,
+                    ) -> dict[tuple[int, int], int]:
         """Points per cell of the ``2**depth`` x ``2**depth`` grid over the bounds, as
         ``{(ix, iy): count}`` for non-empty cells; cell ``(ix, iy)`` is the quadrant reached
-        by ``depth`` halvings. Reads no node deeper than ``depth``."""
+        by ``depth`` halvings. Reads no node deeper than ``depth``; with ``cells``, only the
+        nodes on the way to those cells (a density lookup for a few regions)."""
         bx0, by0, bx1, by1 = self._meta["bounds"]
         out: dict[tuple[int, int], int] = {}
+        wanted: list[set] | None = None
+        if cells is not None:
+            wanted = [set() for _ in range(depth + 1)]
+            for cx, cy in cells:
+                for level in range(depth + 1):
+                    wanted[level].add((cx >> (depth - level), cy >> (depth - level)))
 
         def visit(node: list) -> bool:
             if node[COUNT] == 0:
@@ -372,11 +393,13 @@ class _QuadtreeOps:
             side = 1 << nd
             ix = int(round((node[X0] - bx0) / (bx1 - bx0) * side))
             iy = int(round((node[Y0] - by0) / (by1 - by0) * side))
+            if wanted is not None and (nd > depth or (ix, iy) not in wanted[nd]):
+                return False
             if nd == depth:
                 out[(ix, iy)] = out.get((ix, iy), 0) + node[COUNT]
                 return False
             if node[KIDS] is None:
-                for rec in node[PTS]:
+                for rec in _recs(node[PTS]):
                     cx, cy = ix, iy
                     x0, y0, x1, y1 = node[X0], node[Y0], node[X1], node[Y1]
                     for _ in range(depth - nd):
@@ -389,7 +412,8 @@ class _QuadtreeOps:
                             cy, y0 = 2 * cy + 1, my
                         else:
                             cy, y1 = 2 * cy, my
-                    out[(cx, cy)] = out.get((cx, cy), 0) + 1
+                    if wanted is None or (cx, cy) in wanted[depth]:
+                        out[(cx, cy)] = out.get((cx, cy), 0) + 1
                 return False
             return True
 
@@ -421,7 +445,7 @@ class _QuadtreeOps:
 
         self._walk(visit)
         for leaf in leaves:
-            for rec in leaf[PTS]:
+            for rec in _recs(leaf[PTS]):
                 yield self._as_point(rec)
 
     def points(self) -> list[Point]:
@@ -461,13 +485,10 @@ class _QuadtreeOps:
         if node[COUNT] == 0 or (t is not None and (node[TMIN] is None or node[TMIN] >= t)):
             return 0
         if node[KIDS] is None:
-            keep = [rec for rec in node[PTS] if not drop(rec)]
-            removed = len(node[PTS]) - len(keep)
+            keep = [v for rec in _recs(node[PTS]) if not drop(rec) for v in rec]
+            removed = (len(node[PTS]) - len(keep)) // 4
             if removed:
-                tmin = None
-                for rec in keep:
-                    tmin = _min_ts(tmin, rec[3])
-                node[PTS], node[COUNT], node[TMIN] = keep, len(keep), tmin
+                node[PTS], node[COUNT], node[TMIN] = keep, len(keep) // 4, _min_of(keep[3::4])
                 touched[nid] = node
             return removed
         kids = node[KIDS]
@@ -530,11 +551,11 @@ class _QuadtreeOps:
             nonlocal nodes, total
             nodes += 1
             if node[KIDS] is None:
-                assert node[PTS] is not None and node[COUNT] == len(node[PTS]), node
-                for rec in node[PTS]:
+                assert node[PTS] is not None and 4 * node[COUNT] == len(node[PTS]), node
+                for rec in _recs(node[PTS]):
                     assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
                     assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
-                assert len(node[PTS]) <= self._meta["capacity"] or \
+                assert node[COUNT] <= self._meta["capacity"] or \
                     node[DEPTH] >= self._meta["max_depth"], "leaf over capacity"
                 total += node[COUNT]
                 return False

@@ -106,6 +106,8 @@ class QuadtreeMachine(ManagerMachine):
             cell = cell_of(p, depth)
             want[cell] = want.get(cell, 0) + 1
         assert self.s.grid_counts(depth) == want
+        some = list(want)[::2] + [(0, 0)]
+        assert self.s.grid_counts(depth, cells=some) == {c: want[c] for c in some if c in want}
         for cell, n in list(want.items())[:3]:
             assert self.s.count(*self.s.cell_bounds(depth, *cell)) >= n
 
