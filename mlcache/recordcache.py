@@ -51,6 +51,7 @@ from typing import Any, Callable, Hashable, Iterable
 from .config import DedupConfig
 from .errors import ConfigError, SerializationError
 from .keys import SEP, decode_key
+from .manager import _IMMUTABLE, _digest
 
 __all__ = ["FlushBatch", "RecordCache"]
 
@@ -343,6 +344,8 @@ class RecordCache:
                     continue   # stays dirty; the manager's flush reports it
                 wb.enqueue(kb, raw)
                 heap.dirty.discard(kb)
+                if m._track and type(new) not in _IMMUTABLE:
+                    m._digests[kb] = _digest(raw)   # in-place changes are still detected
                 written += 1
             self.stats_counts["written"] += written
             need_room = wb.needs_room()

@@ -343,3 +343,16 @@ def test_forwarding_sink(tmp_path):
     assert list(frames[0][1].columns) == ["key", "new", "old", "namespace"] and frames[0][0] is None
     assert sink.forward([("z", 1, 0)], batch_id=3) == 1 and got[-1] == ("z", 1, 0)
     m.close()
+
+
+def test_in_place_change_after_a_flush_is_still_written_back(tmp_path):
+    m = make(tmp_path, budget=2000)
+    m.put("list", [1, 2])
+    m.flush()
+    m.get("list").append(3)                  # mutated in place, never put again
+    for i in range(100):                     # push it out of the heap
+        m.put(i, "x" * 30)
+    m.close()
+    m2 = make(tmp_path)
+    assert m2.get("list") == [1, 2, 3]
+    m2.close()

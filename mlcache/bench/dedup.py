@@ -18,6 +18,7 @@ Goals (issue 7): exactly one forward and one store write per dirty key per inter
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import tempfile
 import time
@@ -47,62 +48,70 @@ def _stream(n: int, keys: int, rng: np.random.Generator) -> list[int]:
     return perm[rng.choice(keys, size=n, p=p)].tolist()
 
 
-def _run(variant: str, intervals: list[list[int]], root: str) -> dict[str, Any]:
-    from mlcache import CacheConfig, CacheManager, DedupConfig, DiskConfig, HeapConfig
+class _Variant:
+    """One manager of the comparison and what it measured."""
 
-    disk = DiskConfig(path=f"{root}/{variant.replace(' ', '-')}")
-    downstream = [0]
-    if variant == "no cache":
-        m = CacheManager(CacheConfig(heap=None, levels=(disk,), namespace="bench"))
-    elif variant == "write-back":
-        m = CacheManager(CacheConfig(heap=HeapConfig(policy="lru", max_bytes=8 * MiB),
-                                     levels=(disk,), namespace="bench"))
-    else:
-        m = CacheManager(CacheConfig(levels=(disk,), namespace="bench",
-                                     dedup=DedupConfig(max_bytes_buffering=8 * MiB)))
+    def __init__(self, variant: str, root: str) -> None:
+        from mlcache import CacheConfig, CacheManager, DedupConfig, DiskConfig, HeapConfig
 
-        def count(batch: list) -> None:
-            downstream[0] += len(batch)
-
-        m.on_flush(count)
-    dirty_per_interval = 0
-    get, put = m.get, m.put
-    t0 = time.perf_counter()
-    for keys in intervals:
-        dirty_per_interval += len(set(keys))
+        self.variant = variant
+        disk = DiskConfig(path=f"{root}/{variant.replace(' ', '-')}")
+        self.downstream = 0
         if variant == "no cache":
+            cfg = CacheConfig(heap=None, levels=(disk,), namespace="bench")
+        elif variant == "write-back":
+            cfg = CacheConfig(heap=HeapConfig(policy="lru", max_bytes=8 * MiB), levels=(disk,),
+                              namespace="bench")
+        else:
+            cfg = CacheConfig(levels=(disk,), namespace="bench",
+                              dedup=DedupConfig(max_bytes_buffering=8 * MiB))
+        self.m = CacheManager(cfg)
+        if variant == "dedup":
+            self.m.on_flush(self._count)
+        self.seconds = 0.0
+        self.updates = 0
+        self.dirty = 0
+        self.put_rates: list[float] = []
+
+    def _count(self, batch: list) -> None:
+        self.downstream += len(batch)
+
+    def interval(self, keys: list[int]) -> None:
+        """One commit interval of running sums, then the commit (``flush()``)."""
+        get, put = self.m.get, self.m.put
+        gc.collect()
+        t0 = time.perf_counter()
+        if self.variant == "no cache":
             for k in keys:
                 put(k, get(k, 0) + 1)
-                downstream[0] += 1               # every update goes downstream
+                self.downstream += 1             # every update goes downstream
         else:
             for k in keys:
                 put(k, get(k, 0) + 1)
-        m.flush()
-    seconds = time.perf_counter() - t0
-    st = m.stats()
-    writes = st["levels"]["disk"]["keys_written"]
-    forwarded = downstream[0] if variant != "write-back" else None
-    expected: dict[int, int] = {}
-    for keys in intervals:
-        for k in keys:
-            expected[k] = expected.get(k, 0) + 1
-    correct = all(m.get(k) == v for k, v in list(expected.items())[:500])
-    puts_per_s = None
-    if variant != "no cache":
-        # Blind puts alone (keys mostly resident): the write path the record cache adds to.
-        keys = intervals[0]
-        t1 = time.perf_counter()
+        self.m.flush()
+        self.seconds += time.perf_counter() - t0
+        self.updates += len(keys)
+        self.dirty += len(set(keys))
+
+    def blind_puts(self, keys: list[int]) -> None:
+        """Puts alone (keys resident): the write path the record cache adds to."""
+        put = self.m.put
+        gc.collect()
+        t0 = time.perf_counter()
         for i, k in enumerate(keys):
-            put(k, i)
-        puts_per_s = len(keys) / (time.perf_counter() - t1)
-        m.flush()
-    m.close()
-    updates = sum(len(k) for k in intervals)
-    return {"variant": variant, "updates": updates, "seconds": round(seconds, 3),
-            "updates_per_s": updates / seconds, "puts_per_s": puts_per_s,
-            "downstream_records": forwarded,
-            "store_writes": writes, "dirty_keys_x_intervals": dirty_per_interval,
-            "state_correct": correct}
+            put(k, -i)
+        self.put_rates.append(len(keys) / (time.perf_counter() - t0))
+        self.m.flush()
+
+    def row(self, expected: dict[int, int]) -> dict[str, Any]:
+        st = self.m.stats()
+        correct = all(self.m.get(k) == v for k, v in list(expected.items())[:500])
+        return {"variant": self.variant, "updates": self.updates,
+                "seconds": round(self.seconds, 3), "updates_per_s": self.updates / self.seconds,
+                "puts_per_s": max(self.put_rates) if self.put_rates else None,
+                "downstream_records": self.downstream if self.variant != "write-back" else None,
+                "store_writes": st["levels"]["disk"]["keys_written"],
+                "dirty_keys_x_intervals": self.dirty, "state_correct": correct}
 
 
 def run(args: argparse.Namespace) -> BenchReport:
@@ -116,14 +125,36 @@ def run(args: argparse.Namespace) -> BenchReport:
     report.note(f"{n_int} commit intervals of {updates:,} updates over {keys:,} keys, Zipf 1.0, "
                 f"per-key running sums into a disk level; flush() ends each interval")
     root = tempfile.mkdtemp(prefix="mlcache-bench-dedup-")
+    expected: dict[int, int] = {}
+    for keys in intervals:
+        for k in keys:
+            expected[k] = expected.get(k, 0) + 1
     rows = {}
     try:
-        for variant in ("write-back", "dedup", "no cache"):
-            row = _run(variant, intervals, root)
-            rows[variant] = row
-            report.result(**row)
+        # write-back and dedup run interleaved, interval by interval, so a noisy neighbour on a
+        # shared machine slows both alike; the store writes and forwards are counted before the
+        # blind-put pass (best of three rounds each).
+        pair = [_Variant("write-back", root), _Variant("dedup", root)]
+        for keys in intervals:
+            for v in pair:
+                v.interval(keys)
+        for v in pair:
+            rows[v.variant] = v.row(expected)
+        for _ in range(3):
+            for v in pair:
+                v.blind_puts(intervals[0])
+        for v in pair:
+            rows[v.variant]["puts_per_s"] = max(v.put_rates)
+            v.m.close()
+        nocache = _Variant("no cache", root)
+        for keys in intervals:
+            nocache.interval(keys)
+        rows["no cache"] = nocache.row(expected)
+        nocache.m.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    for name in ("write-back", "dedup", "no cache"):
+        report.result(**rows[name])
     d, nc, wb = rows["dedup"], rows["no cache"], rows["write-back"]
     dirty = d["dirty_keys_x_intervals"]
     report.goal("dedup forwards per dirty key per interval", d["downstream_records"] / dirty,
