@@ -356,3 +356,44 @@ def test_in_place_change_after_a_flush_is_still_written_back(tmp_path):
     m2 = make(tmp_path)
     assert m2.get("list") == [1, 2, 3]
     m2.close()
+
+
+def test_threads_and_a_listener_that_flushes(tmp_path):
+    import threading
+
+    m = make(tmp_path, budget=3000)
+    log = Log()
+    nested = {"n": 0}
+
+    def listener(batch):
+        log(batch)
+        if nested["n"] < 3:
+            nested["n"] += 1
+            m.flush()                        # re-entrant flush: no deadlock, nothing repeated
+
+    m.on_flush(listener)
+    finals: dict = {}
+
+    def worker(name):
+        ns = m.namespace(name)
+        for i in range(300):
+            ns.put(i % 25, i)
+        finals[name] = {k: max(i for i in range(300) if i % 25 == k) for k in range(25)}
+
+    threads = [threading.Thread(target=worker, args=(f"w{t}",)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    m.flush()
+    chains: dict = {}
+    for ns, k, new, old in log.records:
+        chain = chains.setdefault((ns, k), [])
+        assert old == (chain[-1] if chain else None)
+        assert not chain or new > chain[-1]   # in update order, never twice
+        chain.append(new)
+    for name, values in finals.items():
+        for k, v in values.items():
+            assert chains[(name, k)][-1] == v
+            assert m.namespace(name).get(k) == v
+    m.close()
