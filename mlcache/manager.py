@@ -13,7 +13,6 @@ turned into canonical byte keys once and memoised, so the hit path never runs ms
 """
 from __future__ import annotations
 
-import collections
 import importlib
 import os
 import threading
@@ -165,7 +164,8 @@ class CacheManager(_KeyView):
         self._access = self._heap.policy.access if self._heap is not None else None
         self._track = bool(config.heap is not None and config.heap.track_mutations)
         self._hits = 0
-        self._reads: collections.deque = collections.deque()
+        self._reads: list[bytes] = []
+        self._reads_ts: list[tuple[bytes, float]] = []
         self._digests: dict[bytes, tuple[int, int]] = {}
         self._handed: set[bytes] = set()
         self._pin_errors: dict[bytes, SerializationError] = {}
@@ -223,22 +223,36 @@ class CacheManager(_KeyView):
         # (thread-safe); the policy learns of hits in batches under the lock.
         value = self._data.get(kb, _MISSING)
         if value is not _MISSING:
-            reads = self._reads
-            reads.append(kb if ts is None else (kb, ts))
-            if len(reads) >= _READ_BATCH:
-                with self._lock:
-                    self._apply_reads()
+            if ts is None:
+                reads = self._reads
+                reads.append(kb)
+                if len(reads) >= 64:   # _READ_BATCH, inlined: this is the hot path
+                    with self._lock:
+                        self._apply_reads()
+            else:
+                timed = self._reads_ts
+                timed.append((kb, ts))
+                if len(timed) >= 64:
+                    with self._lock:
+                        self._apply_reads()
             return value
         return self._load_into_heap((kb,), ts).get(kb, default)
 
     def _get_kb(self, kb: bytes, default: Any, ts: float | None) -> Any:
         value = self._data.get(kb, _MISSING)
         if value is not _MISSING:
-            reads = self._reads
-            reads.append(kb if ts is None else (kb, ts))
-            if len(reads) >= _READ_BATCH:
-                with self._lock:
-                    self._apply_reads()
+            if ts is None:
+                reads = self._reads
+                reads.append(kb)
+                if len(reads) >= 64:   # _READ_BATCH, inlined: this is the hot path
+                    with self._lock:
+                        self._apply_reads()
+            else:
+                timed = self._reads_ts
+                timed.append((kb, ts))
+                if len(timed) >= 64:
+                    with self._lock:
+                        self._apply_reads()
             return value
         return self._load_into_heap((kb,), ts).get(kb, default)
 
@@ -247,26 +261,25 @@ class CacheManager(_KeyView):
 
         Caffeine's read buffer: a hit costs an append instead of a lock round trip and a
         policy update; replaying up to ``_READ_BATCH`` hits late changes recency by that much.
+        Hits with an event time (``ts``) are buffered apart and replayed with it.
         """
-        reads = self._reads
-        n = len(reads)
-        if not n:
+        items = self._reads
+        timed = self._reads_ts
+        if not items and not timed:
             return
-        pop = reads.popleft
-        # pop exactly n: hits appended meanwhile stay for the next replay
-        items = [pop() for _ in range(n)]
+        # Swap, don't pop: a hit racing with the swap may land in the old list after it was
+        # replayed and be forgotten -- a lost recency update, never a lost value.
+        self._reads = []
+        self._reads_ts = []
         access = self._access
-        plain = True
-        for item in items:
-            if type(item) is tuple:
-                access(*item)  # type: ignore[misc]
-                plain = False
-            else:
-                access(item)  # type: ignore[misc]
+        for kb in items:
+            access(kb)  # type: ignore[misc]
+        for kb, ts in timed:
+            access(kb, ts)  # type: ignore[misc]
         if self._track:
-            self._handed.update(items if plain else
-                                [i[0] if type(i) is tuple else i for i in items])
-        self._hits += n
+            self._handed.update(items)
+            self._handed.update(kb for kb, _ in timed)
+        self._hits += len(items) + len(timed)
 
     def contains(self, key: Any) -> bool:
         return self.get(key, _MISSING) is not _MISSING
@@ -304,6 +317,7 @@ class CacheManager(_KeyView):
     def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
         if self._heap is not None:
             with self._lock:
+                self._apply_reads()  # keep hits and hints in the order they happened
                 self._heap.policy.hint(key_bytes, ts)
 
     def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
@@ -326,7 +340,7 @@ class CacheManager(_KeyView):
             retry: list[bytes] = []
             with self._lock:
                 self._check_open()
-                if self._reads:
+                if self._reads or self._reads_ts:
                     self._apply_reads()
                 data, wb = self._data, self._wb
                 for kb in todo:
@@ -531,7 +545,7 @@ class CacheManager(_KeyView):
         pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
         with self._lock:
             self._check_open()
-            if self._reads:
+            if self._reads or self._reads_ts:
                 self._apply_reads()
             wb = self._wb
             for (key, kb, value), raw in zip(items, raws):
@@ -780,7 +794,8 @@ class CacheManager(_KeyView):
                 self._heap.dirty.clear()
             self._digests.clear()
             self._handed.clear()
-            self._reads.clear()
+            self._reads = []
+            self._reads_ts = []
 
     # -- flush listeners: the record cache (heap policy "dedup", mlcache.recordcache) ----------
 
@@ -813,6 +828,7 @@ class CacheManager(_KeyView):
         if heap is not None:
             with self._lock:
                 if kb in self._data:
+                    self._apply_reads()
                     heap.policy.hint(kb, ts)
                     return
         prefetcher = self._get_prefetcher()
@@ -820,6 +836,7 @@ class CacheManager(_KeyView):
             prefetcher.submit(kb, ts)
         elif heap is not None:
             with self._lock:
+                self._apply_reads()
                 heap.policy.hint(kb, ts)
 
     def _get_prefetcher(self) -> Any:
@@ -862,9 +879,14 @@ class CacheManager(_KeyView):
                                            f"registered: {sorted(_STRUCTURES)}")
         with self._lock:
             obj = self._structures.get((kind, name))
-            if obj is None:
-                obj = self._structures[(kind, name)] = factory(self, name, **kw)
+        if obj is not None:
             return obj
+        # The factory reads the structure's metadata, which may go to the lower levels and
+        # wait for io_lock; holding self._lock meanwhile deadlocks with a writer thread that
+        # holds io_lock and wants self._lock. Build outside, keep the first one built.
+        obj = factory(self, name, **kw)
+        with self._lock:
+            return self._structures.setdefault((kind, name), obj)
 
     def dict(self, name: str, **kw: Any) -> Any:
         return self.structure("dict", name, **kw)
