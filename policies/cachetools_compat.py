@@ -53,14 +53,26 @@ class _PolicyCache(cachetools.Cache):
             value = self._data[key]
         except KeyError:
             return self.__missing__(key)
-        self._access(key)
+        hot = self._hot
+        if key in hot:  # the common hit, inlined: W-TinyLFU's protected segment
+            hot.move_to_end(key)
+            counts = self._counts
+            counts[key] = counts.get(key, 0) + 1
+        else:
+            self._access(key)
         return value
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self._data.get(key, _MISSING)
         if value is _MISSING:
             return default
-        self._access(key)
+        hot = self._hot
+        if key in hot:
+            hot.move_to_end(key)
+            counts = self._counts
+            counts[key] = counts.get(key, 0) + 1
+        else:
+            self._access(key)
         return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
@@ -149,6 +161,10 @@ class _PolicyCache(cachetools.Cache):
         self._insert = policy.insert
         # The unit-weight miss path: the key is known to be absent, skip the policy's checks.
         self._add = getattr(policy, "_add", policy.insert)
+        # W-TinyLFU's hit on a protected entry is "move to the MRU end, count one use"; the
+        # cache does it itself (one call less per hit). The dicts are never rebound.
+        self._hot = getattr(policy, "_protected", {})
+        self._counts = getattr(policy, "_pending", {})
 
     def clear(self) -> None:
         self._data.clear()

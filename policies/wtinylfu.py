@@ -57,7 +57,10 @@ __all__ = ["WTinyLFUPolicy"]
 
 _R0 = _ROWS[0]
 _WARM = 6  # a candidate at least this frequent may win by chance (HashDoS defence)
-_LOST_WINDOW, _LOST_MAIN, _TIE = 1, 2, 4  # ghost codes: where the key lost, and if on a tie
+_LOST_WINDOW, _LOST_MAIN, _TIE = 1, 2, 4
+# Ghosts remember one loss in _SAMPLE (a ghost hit then moves _SAMPLE steps): the same
+# expected gradient for a quarter of the bookkeeping on the miss path.
+_SAMPLE = 4  # ghost codes: where the key lost, and if on a tie
 
 
 @register_policy("wtinylfu")
@@ -79,7 +82,7 @@ class WTinyLFUPolicy(BasePolicy):
         self._rng = random.Random(seed)
         self._window: OrderedDict[Hashable, int] = OrderedDict()  # key -> weight, LRU first
         self._probation: OrderedDict[Hashable, int] = OrderedDict()
-        self._protected: OrderedDict[Hashable, int] = OrderedDict()
+        self._protected: OrderedDict[Hashable, int] = OrderedDict()  # never rebound
         self._wsize = 0  # weight in the window
         self._psize = 0  # weight on probation
         self._qsize = 0  # weight protected
@@ -92,13 +95,16 @@ class WTinyLFUPolicy(BasePolicy):
         # shadow queues): candidates the window lost, victims main lost. key -> code.
         self._wghost: OrderedDict[Hashable, int] = OrderedDict()
         self._mghost: OrderedDict[Hashable, int] = OrderedDict()
-        self._ghost_limit = max(8, int(capacity * ghost))
+        self._ghost_limit = max(4, int(capacity * ghost) // _SAMPLE)
+        self._ticks = 0  # losses seen; every _SAMPLE-th is remembered in a ghost
         self._tie_score = 0
         self._tie = False
         entries = expected_entries or min(capacity, 1 << 16)
         self.sketch = FrequencySketch(max(16, entries), seed=seed)
         self._rows = self._row_table()
-        self._pending: dict[Hashable, int] = {}  # increments not yet applied to the sketch
+        # Increments not yet applied to the sketch (exact, added to estimates). Never rebound:
+        # TinyLFUCache updates it on protected hits.
+        self._pending: dict[Hashable, int] = {}
         self._drain_limit = min(4096, max(256, entries))
         self._victim: Hashable = None  # cache of the probation victim's estimate
         self._victim_freq = 0
@@ -216,7 +222,8 @@ class WTinyLFUPolicy(BasePolicy):
                     lost, code, ghosts = victim, _LOST_MAIN, self._mghost
                 else:
                     lost, code, ghosts = cand, _LOST_WINDOW, self._wghost
-                if self._adaptive:
+                self._ticks += 1
+                if not self._ticks % _SAMPLE and self._adaptive:
                     ghosts[lost] = code | _TIE if self._tie else code
                     if len(ghosts) > self._ghost_limit:
                         ghosts.popitem(last=False)
@@ -368,7 +375,7 @@ class WTinyLFUPolicy(BasePolicy):
             pending.clear()
         self._victim = None
         n = len(self)
-        self._ghost_limit = max(8, int(n * self._ghost_frac))
+        self._ghost_limit = max(4, int(n * self._ghost_frac) // _SAMPLE)
         if n > 2 * self.sketch.capacity:  # weighted: many more entries than expected
             self.sketch.ensure_capacity(2 * n)
             self._rows = self._row_table()
@@ -391,7 +398,7 @@ class WTinyLFUPolicy(BasePolicy):
             self._tie_score = max(-8, min(8, score))
         if not self._adaptive:
             return
-        step = max(1.0, self.capacity * self._step_frac)
+        step = max(1.0, self.capacity * self._step_frac) * _SAMPLE
         if code & _LOST_WINDOW:
             self._window_max = min(float(self.capacity), self._window_max + step)
         else:
@@ -399,7 +406,8 @@ class WTinyLFUPolicy(BasePolicy):
         self._steady = False
 
     def _ghost(self, key: Hashable, code: int) -> None:
-        if self._adaptive:
+        self._ticks += 1
+        if not self._ticks % _SAMPLE and self._adaptive:
             ghosts = self._wghost if code == _LOST_WINDOW else self._mghost
             ghosts[key] = code | _TIE if self._tie else code
             if len(ghosts) > self._ghost_limit:
