@@ -504,6 +504,11 @@ class CacheManager(_KeyView):
             self._digests[kb] = _digest(raw)
         victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts)
         if victims:
+            if any(k == kb for k, _, _ in victims):
+                # not admitted: just decoded, so unchanged; nothing to check or write
+                self._digests.pop(kb, None)
+                victims = [v for v in victims if v[0] != kb]
+                self._stats.levels["heap"].evictions["not_admitted"] += 1
             self._handle_victims(victims)
         if self._track:
             self._handed.add(kb)
