@@ -17,11 +17,12 @@ controller compares
 and rescales the depth proportionally (slack grows linearly with depth): up to ×2 when the slack
 falls short, down to ×0.5 when it exceeds the need by more than 50% (hysteresis keeps it from
 oscillating). A slower backend lengthens the latency and the depth grows; a faster one shrinks it.
+It does not grow while the fetch threads are saturated (most batches full): then the latency is
+queueing, which a deeper read-ahead would only lengthen.
 """
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
@@ -79,8 +80,12 @@ class DepthController:
             return None
         return lat + self.margin + self.margin_ratio * lat
 
-    def update(self, latencies: list[float]) -> int:
-        """Rescale the depth from the slack window and recent fetch latencies."""
+    def update(self, latencies: list[float], saturated: bool = False) -> int:
+        """Rescale the depth from the slack window and recent fetch latencies.
+
+        ``saturated``: the fetch threads are the bottleneck (their batches are full), so the
+        latency is queueing that more depth would only lengthen: the depth does not grow.
+        """
         slack = _quantile(self._slack, 0.01)
         self._slack = []
         need = self.need(latencies)
@@ -88,6 +93,8 @@ class DepthController:
             return self.depth
         d = self.depth
         if slack < need:
+            if saturated:
+                return d
             factor = min(2.0, need / max(slack, 1e-6))
             new = max(d + 1, math.ceil(d * factor))
         elif slack > need * self.hysteresis:
@@ -220,7 +227,7 @@ class Lookahead(Iterator[Any]):
         ctl = self.controller
         # the first records were hinted just before their use: their slack says nothing
         if ctl is not None and slack is not None and i >= self._warmup and ctl.observe(slack):
-            self.depth = ctl.update(pf.fetch_latency.recent(256))
+            self.depth = ctl.update(pf.fetch_latency.recent(256), pf.saturated)
             pf.depth = self.depth
         return rec
 

@@ -219,6 +219,7 @@ class Prefetcher:
         self.slack = _Window()
         self.fetch_latency = _Window()
         self.batch_latency = _Window()
+        self._full_batches: deque[bool] = deque(maxlen=64)
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
@@ -413,16 +414,19 @@ class Prefetcher:
                     # "now" (ts=None) and then hinted with their own expected use: inserting
                     # at a future ts would move TAC's clock ahead of the records in flight.
                     loaded = m._load_into_heap(todo, None, prefetch=True)
-                    if self._policy_hints:
-                        for kb, ts, _ in batch:
-                            if kb in loaded:
-                                m._policy_hint(kb, ts)
+                    if self._policy_hints and loaded:
+                        # one hold of the manager's (re-entrant) lock for the whole batch
+                        with getattr(m, "_lock", None) or contextlib.nullcontext():
+                            for kb, ts, _ in batch:
+                                if kb in loaded:
+                                    m._policy_hint(kb, ts)
             except BaseException as exc:  # a backend failure must not kill the fetch thread
                 error = exc
         now = time.perf_counter()
         with self._lock:
             self.counters["batches"] += 1
             self.batch_latency.add(now - t_start)
+            self._full_batches.append(len(batch) >= self.config.batch_size)
             if error is not None:
                 self._buffer.done(keys)
                 self.counters["failures"] += 1
@@ -461,6 +465,16 @@ class Prefetcher:
                     if self._landed.pop(kb, None) is not None:
                         self.counters["wasted"] += 1
 
+    @property
+    def saturated(self) -> bool:
+        """Most recent batches were full: the fetch threads cannot keep up, a backlog waits.
+
+        Then the fetch latency is mostly queueing, and a deeper read-ahead only lengthens the
+        queue (and the time prefetched entries wait in the heap).
+        """
+        fb = self._full_batches
+        return len(fb) >= 8 and sum(fb) * 2 > len(fb)
+
     # -- statistics -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -471,6 +485,7 @@ class Prefetcher:
             out["pending"] = len(self._buffer.pending)
             out["inflight"] = len(self._buffer.inflight)
             out["depth"] = self.depth
+            out["saturated"] = self.saturated
             slack = list(self.slack._d)
             lat = list(self.fetch_latency._d)
             blat = list(self.batch_latency._d)
