@@ -49,9 +49,8 @@ class _PolicyCache(cachetools.Cache):
     # -- the mapping ---------------------------------------------------------------------------
 
     def __getitem__(self, key: Hashable) -> Any:
-        try:
-            value = self._data[key]
-        except KeyError:
+        value = self._data.get(key, _MISSING)
+        if value is _MISSING:  # no KeyError of our own: __missing__ raises the only one
             return self.__missing__(key)
         hot = self._hot
         if key in hot:  # the common hit, inlined: W-TinyLFU's protected segment
