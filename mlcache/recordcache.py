@@ -94,6 +94,7 @@ class RecordCache:
         self.data = heap.data
         self.policy = heap.policy
         self.policy.flush_listener = self._on_policy_flush
+        self._mark_dirty = self.policy.mark_dirty
         self._root = manager._prefix
         self._base = manager.config.namespace + "/"
         self._old: dict[bytes, Any] = {}      # pending key -> value last flushed
@@ -145,10 +146,13 @@ class RecordCache:
         if not self._preload:
             return None
         data, old = self.data, self._old
-        need = [kb for kb in kbs if kb not in data and kb not in old]
-        if not need:
-            return None
-        return self.manager._load_into_heap(need, ts)
+        need = None
+        for kb in kbs:
+            if kb not in data and kb not in old:
+                if need is None:
+                    need = []
+                need.append(kb)
+        return self.manager._load_into_heap(need, ts) if need else None
 
     def _maybe_commit(self, ts: float | None) -> None:
         interval = self._interval
@@ -173,13 +177,15 @@ class RecordCache:
 
     def note_put(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> None:
         """Lock held, before the heap insert of ``kb``: capture its old value, mark it dirty."""
-        if kb not in self._old:
-            self._old[kb] = self._current(kb, preloaded)
+        old = self._old
+        if kb not in old:
+            value = self.data.get(kb, _MISSING)
+            old[kb] = value if value is not _MISSING else self._current(kb, preloaded)
         if self._held:
             self._held.pop(kb, None)
         if self._partial:
             self._partial.pop(kb, None)
-        self.policy.mark_dirty(kb)
+        self._mark_dirty(kb)
 
     def note_delete(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> None:
         """Lock held, before the heap drops ``kb``: a tombstone, forwarded in its place."""

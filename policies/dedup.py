@@ -50,13 +50,12 @@ def namespace_of(key: Hashable) -> Hashable:
 class _Space:
     """One namespace: its LRU of resident keys (key -> weight) and its dirty keys in order."""
 
-    __slots__ = ("name", "lru", "dirty", "weight")
+    __slots__ = ("name", "lru", "dirty")
 
     def __init__(self, name: Hashable) -> None:
         self.name = name
         self.lru: OrderedDict[Hashable, int] = OrderedDict()
         self.dirty: dict[Hashable, None] = {}   # insertion order = last-update order
-        self.weight = 0
 
 
 @register_policy("dedup")
@@ -103,16 +102,14 @@ class DedupPolicy(BasePolicy):
             return [key]
         sp = self._home.get(key)
         if sp is not None:
-            old = sp.lru[key]
-            sp.lru.move_to_end(key)
-            sp.weight -= old
-            self.total_weight -= old
+            lru = sp.lru
+            self.total_weight += weight - lru[key]
+            lru.move_to_end(key)
         else:
             sp = self._space(key)
             self._home[key] = sp
+            self.total_weight += weight
         sp.lru[key] = weight
-        sp.weight += weight
-        self.total_weight += weight
         if self.total_weight <= self.capacity:
             return []
         return self._evict(sp, key)
@@ -126,9 +123,7 @@ class DedupPolicy(BasePolicy):
         """Forget the resident entry; a dirty mark stays (the record is still to be flushed)."""
         sp = self._home.pop(key, None)
         if sp is not None:
-            w = sp.lru.pop(key)
-            sp.weight -= w
-            self.total_weight -= w
+            self.total_weight -= sp.lru.pop(key)
 
     def resize(self, capacity: int) -> list:
         _check_capacity(capacity)
@@ -139,8 +134,10 @@ class DedupPolicy(BasePolicy):
 
     def mark_dirty(self, key: Hashable) -> None:
         """``key`` was updated: it moves to the back of its namespace's dirty order."""
-        d = self._space(key).dirty
-        d.pop(key, None)
+        sp = self._home.get(key)
+        d = (sp if sp is not None else self._space(key)).dirty
+        if key in d:
+            del d[key]
         d[key] = None
 
     def delete(self, key: Hashable) -> None:
@@ -218,9 +215,7 @@ class DedupPolicy(BasePolicy):
                 key = next(iter(sp.lru))
             if key in sp.dirty:
                 self._flush(sp)
-            w = sp.lru.pop(key)
+            self.total_weight -= sp.lru.pop(key)
             del self._home[key]
-            sp.weight -= w
-            self.total_weight -= w
             victims.append(key)
         return victims

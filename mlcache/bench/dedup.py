@@ -133,14 +133,14 @@ def run(args: argparse.Namespace) -> BenchReport:
     try:
         # write-back and dedup run interleaved, interval by interval, so a noisy neighbour on a
         # shared machine slows both alike; the store writes and forwards are counted before the
-        # blind-put pass (best of three rounds each).
+        # blind-put pass (best of five rounds each).
         pair = [_Variant("write-back", root), _Variant("dedup", root)]
         for keys in intervals:
             for v in pair:
                 v.interval(keys)
         for v in pair:
             rows[v.variant] = v.row(expected)
-        for _ in range(3):
+        for _ in range(5):
             for v in pair:
                 v.blind_puts(intervals[0])
         for v in pair:
