@@ -30,7 +30,7 @@ turn (Kafka's ``ThreadCache.resize``), so shrinking a shared budget is fair to e
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterable, Iterator
+from typing import Callable, Hashable, Iterable, Iterator
 
 from .base import BasePolicy, _check_capacity, _config_error, register_policy
 
