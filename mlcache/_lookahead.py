@@ -17,8 +17,9 @@ controller compares
 and rescales the depth proportionally (slack grows linearly with depth): up to ×2 when the slack
 falls short, down to ×0.5 when it exceeds the need by more than 50% (hysteresis keeps it from
 oscillating). A slower backend lengthens the latency and the depth grows; a faster one shrinks it.
-It does not grow while the fetch threads are saturated (most batches full): then the latency is
-queueing, which a deeper read-ahead would only lengthen.
+It does not grow while the fetch threads are saturated (a backlog of whole batches keeps waiting
+behind them): then the latency is queueing, which a deeper read-ahead would only lengthen; nor
+while prefetched entries waiting for their records fill half the heap's entry bound.
 """
 from __future__ import annotations
 
@@ -80,11 +81,12 @@ class DepthController:
             return None
         return lat + self.margin + self.margin_ratio * lat
 
-    def update(self, latencies: list[float], saturated: bool = False) -> int:
+    def update(self, latencies: list[float], may_grow: bool = True) -> int:
         """Rescale the depth from the slack window and recent fetch latencies.
 
-        ``saturated``: the fetch threads are the bottleneck (their batches are full), so the
-        latency is queueing that more depth would only lengthen: the depth does not grow.
+        ``may_grow=False`` holds the depth where it is when the slack falls short: the caller
+        knows more depth would not help (the fetch threads are saturated, so the latency is
+        queueing) or would cost too much (too many prefetched entries already wait).
         """
         slack = _quantile(self._slack, 0.01)
         self._slack = []
@@ -93,7 +95,7 @@ class DepthController:
             return self.depth
         d = self.depth
         if slack < need:
-            if saturated:
+            if not may_grow:
                 return d
             factor = min(2.0, need / max(slack, 1e-6))
             new = max(d + 1, math.ceil(d * factor))
@@ -151,13 +153,12 @@ class Lookahead(Iterator[Any]):
         self._pf = _prefetcher(self._m)
         if depth == "auto":
             heap = self._m.config.heap
-            # prefetched entries wait in the heap beside the state in use: keep them to half
-            max_depth = 8192
+            # Prefetched entries wait in the heap beside the state in use: the depth stops
+            # growing while half the heap's entries are waiting to be used.
+            self._max_waiting = 1 << 62
             if heap is not None and heap.max_entries:
-                max_depth = max(8, heap.max_entries // 2)
-            initial = min(32, max_depth)
-            self.controller: DepthController | None = DepthController(
-                initial, min_depth=min(4, initial), max_depth=max_depth)
+                self._max_waiting = max(4, heap.max_entries // 2)
+            self.controller: DepthController | None = DepthController(32, max_depth=1 << 16)
             self.depth = self.controller.depth
         elif isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0:
             self.controller = None
@@ -227,7 +228,8 @@ class Lookahead(Iterator[Any]):
         ctl = self.controller
         # the first records were hinted just before their use: their slack says nothing
         if ctl is not None and slack is not None and i >= self._warmup and ctl.observe(slack):
-            self.depth = ctl.update(pf.fetch_latency.recent(256), pf.saturated)
+            grow = not pf.saturated and pf.waiting() < self._max_waiting
+            self.depth = ctl.update(pf.fetch_latency.recent(256), grow)
             pf.depth = self.depth
         return rec
 

@@ -219,7 +219,7 @@ class Prefetcher:
         self.slack = _Window()
         self.fetch_latency = _Window()
         self.batch_latency = _Window()
-        self._full_batches: deque[bool] = deque(maxlen=64)
+        self._backlog: deque[int] = deque(maxlen=64)   # keys left queued after each take
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
@@ -385,6 +385,7 @@ class Prefetcher:
                     batch, late = self._buffer.take(self.config.batch_size,
                                                     self.watermark - lateness)
                     self.counters["dropped_late"] += late
+                    self._backlog.append(len(self._buffer.pending))
                     if batch:
                         return batch
                     continue
@@ -426,7 +427,6 @@ class Prefetcher:
         with self._lock:
             self.counters["batches"] += 1
             self.batch_latency.add(now - t_start)
-            self._full_batches.append(len(batch) >= self.config.batch_size)
             if error is not None:
                 self._buffer.done(keys)
                 self.counters["failures"] += 1
@@ -465,15 +465,23 @@ class Prefetcher:
                     if self._landed.pop(kb, None) is not None:
                         self.counters["wasted"] += 1
 
+    def waiting(self) -> int:
+        """Prefetched or queued keys whose records have not come yet."""
+        b = self._buffer
+        return len(self._landed) + len(b.pending) + len(b.inflight)
+
     @property
     def saturated(self) -> bool:
-        """Most recent batches were full: the fetch threads cannot keep up, a backlog waits.
+        """The fetch threads cannot keep up: after a batch is taken, typically more than every
+        thread's next batch is still waiting.
 
         Then the fetch latency is mostly queueing, and a deeper read-ahead only lengthens the
         queue (and the time prefetched entries wait in the heap).
         """
-        fb = self._full_batches
-        return len(fb) >= 8 and sum(fb) * 2 > len(fb)
+        b = self._backlog
+        if len(b) < 8:
+            return False
+        return sorted(b)[len(b) // 2] >= self.config.batch_size * self.config.fetch_threads
 
     # -- statistics -------------------------------------------------------------------------
 
