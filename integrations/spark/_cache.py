@@ -79,12 +79,13 @@ class SparkCache:
             return lambda f: PartitionFunction(f, spec)
         return PartitionFunction(fn, spec)
 
-    def pandas(self, fn: Callable[..., Any] | None = None, *, key: Any = None,
-               state: str = "state", prefetch: bool = True,
+    def pandas(self, fn: Callable[..., Any] | None = None, *, key: Any = None, ts: Any = None,
+               state: str = "state", depth: int | str = "auto", prefetch: bool = True,
                listeners: Iterable[Any] = ()) -> Any:
-        """Decorate ``fn(batches, state)`` for ``df.mapInPandas``; ``key`` is a column name or
-        ``frame -> sequence of keys``."""
-        spec = self._spec(state, key, None, "auto", prefetch, listeners)
+        """Decorate ``fn(batches, state)`` for ``df.mapInPandas``; ``key`` (and ``ts``, the
+        event time the hints carry) is a column name or ``frame -> sequence``. Each batch's
+        keys are hinted when it is read, one batch ahead of the function."""
+        spec = self._spec(state, key, ts, depth, prefetch, listeners)
         if fn is None:
             return lambda f: PandasFunction(f, spec)
         return PandasFunction(fn, spec)

@@ -54,6 +54,25 @@ class WorkerContext:
         self.namespaces: dict[tuple[str, int], set[str]] = {}
         self.lock = threading.Lock()
         self.creation = self.store.record_creation(self.worker)
+        self._position = 0
+        self.takes = 0      # partitions taken by this process
+        self.drops = 0      # ... of which another process had owned since (local copies dropped)
+
+    def next_positions(self, n: int) -> int:
+        """Reserve ``n`` ticks of this worker's hint clock; returns the first.
+
+        The default event time of a hint. One worker runs many partitions one after another,
+        and each partition's own record index (or its event times) would restart below where
+        the previous partition ended: a timestamp-ordered policy (TAC) would then take every
+        new hint for the oldest entry. The clock only grows, across all of them.
+        """
+        with self.lock:
+            start = self._position
+            self._position += n
+        return start
+
+    def tick(self, _record: Any = None) -> float:
+        return float(self.next_positions(1))
 
     def take_partition(self, scope: str, partition: int) -> bool:
         """Own ``partition`` of ``scope``; drop local copies if someone else owned it since.
@@ -69,6 +88,9 @@ class WorkerContext:
             stale = sorted(self.namespaces.get((scope, partition), ())) if last != epoch else []
         for ns in stale:
             drop_local(self.manager, ns)
+        if stale:
+            self.drops += 1
+        self.takes += 1
         return bool(stale)
 
     def note_namespace(self, scope: str, partition: int, namespace: str) -> None:
@@ -77,12 +99,9 @@ class WorkerContext:
 
 
 def drop_local(manager: Any, namespace: str) -> None:
-    """Forget this process's heap copies of ``namespace`` without writing anything down."""
-    invalidate = getattr(manager, "invalidate_local", None)
-    if invalidate is None:
-        raise RuntimeError("this CacheManager has no invalidate_local(); coherent Spark state "
-                           "needs it to drop heap copies of a partition another process owned")
-    invalidate(namespace=namespace)
+    """Forget this process's clean heap copies of ``namespace`` (dirty ones are newer than the
+    shared level and stay; at a partition start there are none, the previous run flushed)."""
+    manager.invalidate_local(namespace=namespace)
 
 
 _lock = threading.Lock()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections import deque
 import json
 import threading
 import typing
@@ -94,7 +95,7 @@ class PartitionSpec:
     scope: str = "state"
     state: str = "state"
     key: Any = None                      # record -> key, a field/column name, or None
-    ts: Callable[[Any], float] | None = None
+    ts: Any = None                       # record -> event time, a field/column name, or None
     depth: int | str = "auto"
     prefetch: bool = True
     batch_id: int | None = None
@@ -172,8 +173,10 @@ class _Run:
             else:
                 self.ctx.manager.flush()
             if self.spec.collect_stats:
-                self.ctx.store.record_stats(self.ctx.worker, json.dumps(
-                    self.ctx.manager.stats(), default=str))
+                stats = self.ctx.manager.stats()
+                stats["spark"] = {"partitions_taken": self.ctx.takes,
+                                  "ownership_changes": self.ctx.drops}
+                self.ctx.store.record_stats(self.ctx.worker, json.dumps(stats, default=str))
 
 
 def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterable[Any]) -> Iterator[Any]:
@@ -182,13 +185,57 @@ def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterab
     try:
         keyfn = run.key_function()
         if keyfn is not None and spec.prefetch:
-            from mlcache.prefetch import prefetching
-
-            records = prefetching(records, keyfn, ts=spec.ts, cache=run.target, depth=spec.depth)
+            records = _timed(run, records, keyfn)
         yield from fn(records, run.state)
         completed = True
     finally:
         run.finish(completed)
+
+
+def _timed(run: _Run, records: Iterable[Any], keyfn: Callable[[Any], Any]) -> Iterator[Any]:
+    """The records behind the lookahead operator, each access stamped with its record's time.
+
+    The hint of a record and the state accesses made while the function handles it carry the
+    same event time (``ts=`` or the worker's clock), which is what a timestamp-ordered policy
+    orders by: an entry hinted for a later record keeps its later time, one just used gets the
+    current one. (Accesses without a time would all be "now", the furthest hint so far, and
+    TAC would take every entry just used for newer than every entry still awaited.)
+    """
+    from mlcache.prefetch import prefetching
+
+    spec_ts = run.spec.ts
+    if spec_ts is None:
+        spec_ts = run.ctx.tick
+    elif not callable(spec_ts):
+        spec_ts = _field_getter(spec_ts)
+    pending: deque[float] = deque()
+
+    def ts(record: Any) -> float:
+        t = float(spec_ts(record))
+        pending.append(t)
+        return t
+
+    view = run.target
+    for record in prefetching(records, keyfn, ts=ts, cache=view, depth=run.spec.depth):
+        view.now = pending.popleft() if pending else None
+        yield record
+
+
+def _field_getter(name: Any) -> Callable[[Any], Any]:
+    def get(record: Any) -> Any:
+        return record[name]
+    return get
+
+
+def _frame_times(run: _Run, frame: Any, n: int) -> list[float]:
+    """Event times of one pandas batch for the hints: the ``ts`` column (or function) if
+    given, else the worker's clock (:meth:`WorkerContext.tick`)."""
+    ts = run.spec.ts
+    if ts is None:
+        start = run.ctx.next_positions(n)
+        return [float(start + i) for i in range(n)]
+    values = ts(frame) if callable(ts) else frame[ts]
+    return [float(t) for t in (values.tolist() if hasattr(values, "tolist") else values)]
 
 
 def _frame_keys(run: _Run, frame: Any) -> list[Any]:
@@ -237,39 +284,81 @@ def _row_of(frame: Any, i: int) -> Any:
         return None
 
 
-def _hinted_frames(run: _Run, frames: Iterable[Any]) -> Iterator[Any]:
-    """Yield the batches in order, hinting each batch's keys as soon as it is read and reading
-    one batch ahead, so the next batch's state loads while this one is processed."""
-    ns = run.target.ns
-    prefetch = run.spec.prefetch
-    position = 0
+FRAME_CHUNK = 256
 
-    def hint(frame: Any) -> None:
-        nonlocal position
+
+def _frame_rows(run: _Run, frames: Iterable[Any]) -> Iterator[tuple[Any, int, Any, float]]:
+    """(batch, row index, key, event time) for every row, keys checked (naming the row)."""
+    from mlcache.keys import check_key
+
+    for frame in frames:
         keys = _frame_keys(run, frame)
+        times = _frame_times(run, frame, len(keys))
         for i, k in enumerate(keys):
             try:
-                if prefetch:
-                    ns.hint(k, float(position + i))
+                check_key(k)
             except TypeError as exc:
                 row = _row_of(frame, i)
                 raise KeyFunctionError(
                     f"key {k!r} of row {_short(row)} (row {i} of its batch) in partition "
                     f"{run.partition} is not a valid mlcache key: {exc}",
                     record=row, partition=run.partition) from exc
-        position += len(keys)
+            yield frame, i, k, times[i]
 
-    it = iter(frames)
-    current = next(it, None)
-    if current is None:
-        return
-    hint(current)
-    while current is not None:
-        ahead = next(it, None)
-        if ahead is not None:
-            hint(ahead)
-        yield current
-        current = ahead
+
+def _slice(frame: Any, lo: int, hi: int) -> Any:
+    if lo == 0 and hi == len(frame[0] if isinstance(frame, tuple) else frame):
+        return frame
+    if isinstance(frame, tuple):
+        return tuple(s.iloc[lo:hi].reset_index(drop=True) for s in frame)
+    return frame.iloc[lo:hi].reset_index(drop=True)
+
+
+def _hinted_frames(run: _Run, frames: Iterable[Any]) -> Iterator[Any]:
+    """The pandas batches, re-cut into chunks of at most FRAME_CHUNK rows, behind the
+    lookahead operator run over their rows.
+
+    The operator reads ``depth`` rows ahead (adaptive, across batch boundaries), hints each
+    row's key with its event time and accounts each use, exactly as for a row iterator. A row
+    counts as used when its chunk is handed to the function, at most a chunk early; that is
+    why chunks are small. Hinting whole Arrow batches at once was the rejected alternative:
+    with a heap smaller than a batch's keys the prefetches evicted each other before use.
+    """
+    rows: Iterable[tuple[Any, int, Any, float]] = _frame_rows(run, frames)
+    if run.spec.prefetch:
+        from mlcache.prefetch import prefetching
+
+        rows = prefetching(rows, _row_key, ts=_row_ts, cache=run.target, depth=run.spec.depth)
+    # Accesses made while the function handles a chunk carry the time of the chunk's first
+    # row (see _timed for why accesses need a time at all).
+    view = run.target
+    current: Any = None
+    lo = n = 0
+    first = 0.0
+    for frame, i, _k, t in rows:
+        if frame is not current:
+            if current is not None and n:
+                view.now = first
+                yield _slice(current, lo, lo + n)
+            current, lo, n = frame, i, 0
+        if n == 0:
+            first = t
+        n += 1
+        if n >= FRAME_CHUNK:
+            view.now = first
+            yield _slice(current, lo, lo + n)
+            lo, n = lo + n, 0
+    if current is not None and n:
+        view.now = first
+        yield _slice(current, lo, lo + n)
+
+
+def _row_key(row: tuple[Any, int, Any, float]) -> Any:
+    return row[2]
+
+
+def _row_ts(row: tuple[Any, int, Any, float]) -> float:
+    return row[3]
 
 
 def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Iterable[Any]) -> Iterator[Any]:
