@@ -208,15 +208,19 @@ class WTinyLFUPolicy(BasePolicy):
             # meets the probation victim; counts and sizes do not change.
             probation = self._probation
             if probation:
-                cand = next(iter(window))
-                del window[cand]
+                cand = window.popitem(last=False)[0]
                 victim = next(iter(probation))
                 if victim is self._victim:
                     vf = self._victim_freq
                 else:
                     vf = self._freq(victim)
                     self._victim, self._victim_freq = victim, vf
-                if not vf or self._beats(cand, vf):
+                if not vf:
+                    self._tie = False  # the candidate has at least its own access
+                    admitted = True
+                else:
+                    admitted = self._beats(cand, vf)
+                if admitted:
                     del probation[victim]
                     probation[cand] = 1
                     lost, code, ghosts = victim, _LOST_MAIN, self._mghost
