@@ -201,12 +201,14 @@ def report(result: DemoResult) -> str:
 
 
 def _spark_demo() -> Any:
-    """``mlcache.integrations.spark.demo.main(args)`` once the Spark job exists, else ``None``."""
+    """``mlcache.demo_spark.main(args)`` (the Spark job) when PySpark is installed, else ``None``."""
     try:
-        from .integrations.spark import demo as spark_demo  # type: ignore[attr-defined]
+        import pyspark  # noqa: F401
+
+        from . import demo_spark
     except ImportError:
         return None
-    return getattr(spark_demo, "main", None)
+    return getattr(demo_spark, "main", None)
 
 
 def main(args: argparse.Namespace | None = None) -> int:
