@@ -354,10 +354,7 @@ class Prefetcher:
 
     def failure(self, kb: bytes) -> BaseException | None:
         """The error of a failed prefetch of ``kb`` (and forget it), else ``None``."""
-        if not self._failed:
-            return None
-        with self._lock:
-            return self._failed.pop(kb, None)
+        return self._failed.pop(kb, None) if self._failed else None  # dict.pop is atomic
 
     @contextlib.contextmanager
     def demand(self) -> Iterator[None]:
