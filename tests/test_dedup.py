@@ -400,3 +400,16 @@ def test_threads_and_a_listener_that_flushes(tmp_path):
             assert chains[(name, k)][-1] == v
             assert m.namespace(name).get(k) == v
     m.close()
+
+
+def test_a_value_heavier_than_the_budget_is_still_forwarded_once(tmp_path):
+    m = make(tmp_path, budget=500)
+    log = Log()
+    m.on_flush(log)
+    big = "x" * 2000
+    m.put("big", big)
+    assert m.get("big") == big
+    m.flush()
+    m.flush()
+    assert log.records == [(None, "big", big, None)]
+    m.close()
