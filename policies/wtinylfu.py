@@ -6,7 +6,7 @@ Policy", ACM ToS 2017; the segmentation and window as in Caffeine):
 * A new entry enters the **window**, a small LRU (1% of the capacity to start). The window gives
   a burst of recent keys time to prove themselves, which pure frequency admission would deny.
 * An entry pushed out of the window is a **candidate** for the **main** area, an SLRU of
-  *probation* (new and demoted entries) and *protected* (80% of main: entries hit while on
+  *probation* (new and demoted entries) and *protected* (90% of main: entries hit while on
   probation). The candidate is admitted only if its estimated frequency is higher than that of
   the *victim* (the LRU end of probation); otherwise the candidate itself leaves. Frequencies
   come from :class:`mlcache.sketch.FrequencySketch` (4-bit count-min, aged by halving), which
@@ -95,11 +95,11 @@ class WTinyLFUPolicy(BasePolicy):
         # shadow queues): candidates the window lost, victims main lost. key -> code.
         self._wghost: OrderedDict[Hashable, int] = OrderedDict()
         self._mghost: OrderedDict[Hashable, int] = OrderedDict()
-        self._ghost_limit = max(4, int(capacity * ghost) // _SAMPLE)
+        entries = expected_entries or min(capacity, 1 << 16)  # capacity may be in bytes
+        self._ghost_limit = max(4, int(entries * ghost) // _SAMPLE)  # in keys; see _drain
         self._ticks = 0  # losses seen; every _SAMPLE-th is remembered in a ghost
         self._tie_score = 0
         self._tie = False
-        entries = expected_entries or min(capacity, 1 << 16)
         self.sketch = FrequencySketch(max(16, entries), seed=seed)
         self._rows = self._row_table()
         # Increments not yet applied to the sketch (exact, added to estimates). Never rebound:
