@@ -43,6 +43,7 @@ class _PolicyCache(cachetools.Cache):
         self._maxsize = maxsize
         # cachetools allows maxsize=0 (every insert is "too large"); policies need >= 1.
         self._options = policy_options
+        self._plain_missing = type(self).__missing__ is cachetools.Cache.__missing__
         self._policy = self._policy_class(max(1, maxsize), **policy_options)
         self._bind()
 
@@ -50,7 +51,9 @@ class _PolicyCache(cachetools.Cache):
 
     def __getitem__(self, key: Hashable) -> Any:
         value = self._data.get(key, _MISSING)
-        if value is _MISSING:  # no KeyError of our own: __missing__ raises the only one
+        if value is _MISSING:
+            if self._plain_missing:
+                raise KeyError(key)  # what cachetools.Cache.__missing__ does, one call less
             return self.__missing__(key)
         hot = self._hot
         if key in hot:  # the common hit, inlined: W-TinyLFU's protected segment
