@@ -2,8 +2,8 @@
 
 Capacities are tiny so nearly every operation evicts, flushes cross levels, and byte levels
 that are not last overflow into the level below. Configurations: heap only, heap -> disk,
-heap -> redis, heap -> redis -> disk. Reopening after a checkpoint (close) must give back
-everything when the last level is durable. In-place mutation of a returned list must never be
+heap -> arena -> disk, heap -> redis, heap -> redis -> disk. Reopening after a checkpoint
+(close) must give back everything when the last level is durable. In-place mutation of a returned list must never be
 lost (track_mutations).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
+from mlcache import ArenaConfig, CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
 
 KEYS = st.sampled_from([0, 1, 2, "a", "b", b"x", (1, "t"), ("u", (2, b"v")), True])
 VALUES = st.one_of(
@@ -226,6 +226,18 @@ def test_heap_disk_wtinylfu():
     machine = make_machine(
         lambda tmp, ns: CacheConfig(heap=_heap(policy="wtinylfu", max_entries=4),
                                     levels=(DiskConfig(path=tmp),), namespace=ns),
+        durable=True)
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+def test_heap_arena_disk():
+    # the arena holds a handful of small entries (its fixed overhead is most of the bound)
+    machine = make_machine(
+        lambda tmp, ns: CacheConfig(heap=_heap(max_entries=2),
+                                    levels=(ArenaConfig(max_bytes=24000, block_size=64,
+                                                        buffer_size=512),
+                                            DiskConfig(path=tmp)),
+                                    namespace=ns, write_batch_size=3),
         durable=True)
     run_state_machine_as_test(machine, settings=SETTINGS)
 
