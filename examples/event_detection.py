@@ -1,10 +1,10 @@
 """Online spatio-temporal event detection on geotagged posts (the DEBS 2022 application).
 
-Posts arrive interval by interval. Each interval's posts go into a quadtree of their own,
-held in mlcache (`manager.quadtree(...)`), and the last few trees form the history; older
-ones are dropped as the window rolls. A grid cell whose post count is far above its count in
-the history trees is a candidate; touching candidates form a region; regions in consecutive
-intervals merge into an event with a duration; short or small events are filtered out.
+Posts arrive interval by interval. Each interval's posts go into a quadtree of their own, held
+in mlcache (`manager.quadtree(...)`); trees older than the window are dropped as it rolls. A
+grid cell whose post count (from the tree's per-node counts) is far above its recent history
+is a candidate; touching candidates form a region; regions in consecutive intervals merge into
+an event with a duration; short or small events are filtered out.
 
 The posts are synthetic: a static background (cities plus uniform noise), planted bursts at
 known places and times, and one-interval decoys. The script prints the events it detected
@@ -48,7 +48,7 @@ def main() -> None:
 
     with CacheManager(config) as m:
         detector = EventDetector(
-            lambda t: m.quadtree(f"interval-{t}", BOUNDS, capacity=32, max_depth=14),
+            lambda t: m.quadtree(f"interval-{t}", BOUNDS, capacity=64, max_depth=14),
             history=history)
         start = time.perf_counter()
         for t, posts in enumerate(stream):
@@ -61,9 +61,9 @@ def main() -> None:
     print(f"{n} posts in {args.intervals} intervals, {seconds:.2f} s "
           f"({n / seconds:,.0f} posts/s), heap hit ratio {heap.get('hit_ratio') or 0:.3f}")
     print(f"\n{len(events)} events detected:")
-    for start_t, end_t, cells, count, tag, x, y in events:
+    for start_t, end_t, cells, count, tag, x, y, profile in events:
         print(f"  intervals {start_t:>2}-{end_t:<2}  at ({x:6.1f}, {y:6.1f})  {count:4d} posts "
-              f"in {len(cells)} cells  #{tag}")
+              f"in {len(cells)} cells  #{tag}  posts in its area per interval: {list(profile)}")
     found = match_planted(events, planted)
     print(f"\nplanted bursts found: {len(found)}/{len(planted)}")
     for b in planted:

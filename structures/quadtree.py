@@ -5,12 +5,21 @@ A node is one entry, keyed by an integer id (the root is 0), holding a short lis
     [x0, y0, x1, y1, depth, count, children, points, tmin]
 
 ``children`` is ``None`` at a leaf, else the ids of the four quadrants (SW, SE, NW, NE);
-``points`` is the leaf's points as one flat list ``[x, y, data, ts, x, y, data, ts, ...]`` (``None``
-inside; flat because the heap weighs a put value by walking it, and one level less makes that
-walk four times shorter); ``count`` is the number
-of points in the subtree, so density questions (``count(rect)``, ``grid_counts(depth)``) stop at
-the highest node that lies inside the region and never read its leaves; ``tmin`` is a lower
-bound of the subtree's timestamps, so ``prune_older(t)`` skips subtrees with nothing to drop.
+``points`` is ``None`` inside, and at a leaf one flat list ``[x, y, data, ts, x, y, data, ts,
+...]``; ``count`` is the number of points in the subtree, so density questions
+(``count(rect)``, ``grid_counts(depth)``) stop at the highest node that lies inside the region
+and never read its leaves; ``tmin`` is a lower bound of the subtree's timestamps, so
+``prune_older(t)`` skips subtrees with nothing to drop.
+
+In the cache, a node entry is that list packed into one msgpack ``bytes`` blob, unpacked when
+read and packed when written back. Three reasons, measured on ``mlcache bench events``: the
+heap weighs a value it is handed by walking it, and a blob weighs in one step (walking nested
+lists took a third of the insert time); a blob's memory is its encoded size, so the heap's
+byte budget is what the process really spends; and a blob is one object the garbage collector
+never scans. Packing or unpacking a node of a few dozen points is one C call. Point ``data``
+must therefore be plain data msgpack can take (str, numbers, bytes, tuples, lists, dicts, sets,
+None, or a structure, stored as a reference); anything else raises ``SerializationError``
+before the tree changes.
 
 A leaf splits when it holds more than ``capacity`` points, unless it is at ``max_depth``
 (identical points cannot be separated by splitting, so the depth limit is what keeps a burst of
@@ -24,8 +33,8 @@ touched nodes with one ``put_many``, so a cold tree costs one round trip per lev
 node. ``insert_many`` routes a whole batch down together: each node on the way is read and
 written once per batch instead of once per point, which is how a stream job should feed it.
 
-:class:`PlainQuadtree` is the very same code over a plain ``dict`` of nodes, the all-in-heap
-baseline of ``mlcache bench events``.
+:class:`PlainQuadtree` is the very same code over a plain ``dict`` of nodes whose leaves hold
+plain lists, the all-in-heap baseline of ``mlcache bench events``.
 """
 from __future__ import annotations
 
@@ -34,12 +43,16 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
+from mlcache.codec import Codec
+
 from .base import Cacheable
 
 __all__ = ["CacheableQuadtree", "PlainQuadtree", "Point"]
 
 X0, Y0, X1, Y1, DEPTH, COUNT, KIDS, PTS, TMIN = range(9)
 ROOT = 0
+# A cacheable tree's node entry is one msgpack blob (types kept exactly, never pickled).
+_NODE_CODEC = Codec(allow_pickle=False)
 _ANY: Any = object()
 
 
@@ -105,6 +118,7 @@ class _QuadtreeOps:
     _save_meta: Callable[[], None]
     _store: Callable[[Any], Any]
     _load: Callable[[Any], Any]
+    _check_data: Callable[[list], None]
 
     # -- shape -------------------------------------------------------------------------------
 
@@ -158,11 +172,12 @@ class _QuadtreeOps:
             recs.append(self._point(p[0], p[1], p[2] if n > 2 else None, p[3] if n > 3 else None))
         if not recs:
             return 0
+        self._check_data([r[2] for r in recs])   # fails before any change
         capacity, max_depth = self._meta["capacity"], self._meta["max_depth"]
         touched: dict[int, list] = {}
         groups: dict[int, list] = {ROOT: recs}
         while groups:
-            found = self._ns.get_many(list(groups))
+            found = self._nodes(list(groups))
             deeper: dict[int, list] = {}
             for nid, batch in groups.items():
                 node = found.get(nid) or self._root_node()
@@ -179,7 +194,9 @@ class _QuadtreeOps:
                     for rec in batch:
                         pts.extend(rec)
                     if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
-                        self._split(node, touched, capacity, max_depth)
+                        self._split(node, pts, touched, capacity, max_depth)
+                    else:
+                        node[PTS] = pts
                     continue
                 mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
                 for rec in batch:
@@ -190,27 +207,30 @@ class _QuadtreeOps:
                     else:
                         sub.append(rec)
             groups = deeper
-        self._ns.put_many(list(touched.items()))
+        self._keep(list(touched.items()))
         self._meta["len"] += len(recs)
         self._save_meta()
         return len(recs)
 
-    def _split(self, node: list, touched: dict[int, list], capacity: int, max_depth: int) -> None:
+    def _split(self, node: list, pts: list, touched: dict[int, list], capacity: int,
+               max_depth: int) -> None:
         first = self._meta["next"]
         self._meta["next"] = first + 4
         self._meta["nodes"] += 4
         kids = [first, first + 1, first + 2, first + 3]
         parts: list[list] = [[], [], [], []]
-        for rec in _recs(node[PTS]):
+        for rec in _recs(pts):
             parts[_quadrant(node, rec[0], rec[1])].extend(rec)
         node[KIDS], node[PTS] = kids, None
         for q in range(4):
             part = parts[q]
-            child = [*_child_bounds(node, q), node[DEPTH] + 1, len(part) // 4, None, part,
+            child = [*_child_bounds(node, q), node[DEPTH] + 1, len(part) // 4, None, None,
                      _min_of(part[3::4])]
             touched[kids[q]] = child
             if len(part) > 4 * capacity and child[DEPTH] < max_depth:
-                self._split(child, touched, capacity, max_depth)
+                self._split(child, part, touched, capacity, max_depth)
+            else:
+                child[PTS] = part
 
     # -- remove and merge --------------------------------------------------------------------
 
@@ -220,7 +240,7 @@ class _QuadtreeOps:
         path: list[tuple[int, list]] = []
         nid = ROOT
         while True:
-            node = self._ns.get(nid)
+            node = self._node(nid)
             if node is None:
                 raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
             path.append((nid, node))
@@ -236,6 +256,7 @@ class _QuadtreeOps:
             raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
         rec = pts[j:j + 4]
         del pts[j:j + 4]
+        node[PTS] = pts
         for _, n in path:
             n[COUNT] -= 1
         touched: dict[int, list] = dict(path)
@@ -246,7 +267,7 @@ class _QuadtreeOps:
             self._collapse(parent, touched, gone)
         for nid in gone:
             touched.pop(nid, None)
-        self._ns.put_many(list(touched.items()))
+        self._keep(list(touched.items()))
         if gone:
             self._ns.delete_many(gone)
         self._meta["len"] -= 1
@@ -263,19 +284,21 @@ class _QuadtreeOps:
         before = len(gone)
         frontier = list(node[KIDS])
         while frontier:
-            found = self._ns.get_many([k for k in frontier if k not in touched])
+            found = self._nodes([k for k in frontier if k not in touched])
             nxt = []
             for kid in frontier:
                 child = touched[kid] if kid in touched else found[kid]
                 gone.append(kid)
                 if child[KIDS] is None:
-                    points.extend(child[PTS])
-                    tmin = _min_ts(tmin, _min_of(child[PTS][3::4]))
+                    flat = child[PTS]
+                    points.extend(flat)
+                    tmin = _min_ts(tmin, _min_of(flat[3::4]))
                 else:
                     nxt.extend(child[KIDS])
             frontier = nxt
         self._meta["nodes"] -= len(gone) - before
-        node[KIDS], node[PTS], node[COUNT], node[TMIN] = None, points, len(points) // 4, tmin
+        node[KIDS], node[PTS] = None, points
+        node[COUNT], node[TMIN] = len(points) // 4, tmin
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -283,7 +306,7 @@ class _QuadtreeOps:
         """Breadth-first over the nodes ``visit`` descends into (one get_many per level)."""
         frontier = [ROOT]
         while frontier:
-            found = self._ns.get_many(frontier)
+            found = self._nodes(frontier)
             nxt: list[int] = []
             for nid in frontier:
                 node = found.get(nid)
@@ -318,7 +341,8 @@ class _QuadtreeOps:
                 total += node[COUNT]
                 return False
             if node[KIDS] is None:
-                total += sum(1 for r in _recs(node[PTS]) if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+                total += sum(1 for r in _recs(node[PTS])
+                             if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
             return True
 
         self._walk(visit)
@@ -354,7 +378,7 @@ class _QuadtreeOps:
             if is_point:
                 out.append(self._as_point(item))
                 continue
-            node = self._ns.get(item)
+            node = self._node(item)
             if node is None:
                 continue
             if node[KIDS] is None:
@@ -363,7 +387,7 @@ class _QuadtreeOps:
                     heapq.heappush(heap, (dx * dx + dy * dy, seq, 1, rec))
                     seq += 1
             else:
-                found = self._ns.get_many(node[KIDS])
+                found = self._nodes(node[KIDS])
                 for kid in node[KIDS]:
                     child = found[kid]
                     if child[COUNT]:
@@ -465,14 +489,14 @@ class _QuadtreeOps:
     def _prune(self, drop: Callable[[list], bool], t: float | None) -> int:
         touched: dict[int, list] = {}
         gone: list[int] = []
-        root = self._ns.get(ROOT)
+        root = self._node(ROOT)
         if root is None:
             return 0
         removed = self._prune_node(ROOT, root, drop, t, touched, gone)
         for nid in gone:
             touched.pop(nid, None)
         if touched:
-            self._ns.put_many(list(touched.items()))
+            self._keep(list(touched.items()))
         if gone:
             self._ns.delete_many(gone)
         if removed:
@@ -485,14 +509,16 @@ class _QuadtreeOps:
         if node[COUNT] == 0 or (t is not None and (node[TMIN] is None or node[TMIN] >= t)):
             return 0
         if node[KIDS] is None:
-            keep = [v for rec in _recs(node[PTS]) if not drop(rec) for v in rec]
-            removed = (len(node[PTS]) - len(keep)) // 4
+            pts = node[PTS]
+            keep = [v for rec in _recs(pts) if not drop(rec) for v in rec]
+            removed = (len(pts) - len(keep)) // 4
             if removed:
-                node[PTS], node[COUNT], node[TMIN] = keep, len(keep) // 4, _min_of(keep[3::4])
+                node[PTS], node[COUNT], node[TMIN] = (keep, len(keep) // 4,
+                                                      _min_of(keep[3::4]))
                 touched[nid] = node
             return removed
         kids = node[KIDS]
-        found = self._ns.get_many(kids)
+        found = self._nodes(kids)
         removed = 0
         tmin = None
         for kid in kids:
@@ -513,7 +539,7 @@ class _QuadtreeOps:
         ids: list[int] = []
         frontier = [ROOT]
         while frontier:
-            found = self._ns.get_many(frontier)
+            found = self._nodes(frontier)
             ids.extend(k for k in frontier if k in found)
             frontier = [k for nid in frontier if nid in found and found[nid][KIDS]
                         for k in found[nid][KIDS]]
@@ -543,7 +569,7 @@ class _QuadtreeOps:
         nodes = 0
         total = 0
         merge_below = self._merge_below()
-        if self._ns.get(ROOT) is None:
+        if self._node(ROOT) is None:
             assert self._meta["len"] == 0 and self._meta["nodes"] == 1
             return 0
 
@@ -551,8 +577,9 @@ class _QuadtreeOps:
             nonlocal nodes, total
             nodes += 1
             if node[KIDS] is None:
-                assert node[PTS] is not None and 4 * node[COUNT] == len(node[PTS]), node
-                for rec in _recs(node[PTS]):
+                pts = node[PTS]
+                assert 4 * node[COUNT] == len(pts), node
+                for rec in _recs(pts):
                     assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
                     assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
                 assert node[COUNT] <= self._meta["capacity"] or \
@@ -560,7 +587,7 @@ class _QuadtreeOps:
                 total += node[COUNT]
                 return False
             assert node[PTS] is None and len(node[KIDS]) == 4
-            kids = self._ns.get_many(node[KIDS])
+            kids = self._nodes(node[KIDS])
             assert sum(kids[k][COUNT] for k in node[KIDS]) == node[COUNT], "count mismatch"
             assert node[COUNT] > merge_below, "under-full inner node not merged"
             for q, k in enumerate(node[KIDS]):
@@ -597,6 +624,23 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
     kind = "quadtree"
     __slots__ = ()
 
+    # A node entry is one msgpack blob: see the module docstring.
+    def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        decode = _NODE_CODEC.decode
+        return {k: decode(v) for k, v in self._ns.get_many(ids).items()}
+
+    def _node(self, nid: int) -> list | None:
+        blob = self._ns.get(nid)
+        return None if blob is None else _NODE_CODEC.decode(blob)
+
+    def _keep(self, items: Iterable[tuple[int, list]]) -> None:
+        encode = _NODE_CODEC.encode
+        self._ns.put_many([(k, encode(node)) for k, node in items])
+
+    @staticmethod
+    def _check_data(values: list) -> None:
+        _NODE_CODEC.encode(values)
+
     def _new_meta(self, bounds: Any = None, capacity: int = 32,  # type: ignore[override]
                   max_depth: int = 16) -> dict[str, Any]:
         return _quadtree_meta(bounds, capacity, max_depth)
@@ -632,9 +676,12 @@ class _DictNodes(dict):
 
 class PlainQuadtree(_QuadtreeOps):
     """The same quadtree with its nodes in a plain ``dict``: all state in the heap as live
-    Python objects, no cache. The baseline the cacheable tree is measured against."""
+    Python objects, no cache. The baseline the cacheable tree is measured against; with
+    ``packed=True`` each node is kept as the same msgpack blob the cacheable tree stores."""
 
-    def __init__(self, bounds: Any, capacity: int = 32, max_depth: int = 16) -> None:
+    def __init__(self, bounds: Any, capacity: int = 32, max_depth: int = 16, *,
+                 packed: bool = False) -> None:
+        self._packed = packed
         self._meta = _quadtree_meta(bounds, capacity, max_depth)
         self._ns = _DictNodes()
 
@@ -646,6 +693,26 @@ class PlainQuadtree(_QuadtreeOps):
 
     def _load(self, value: Any) -> Any:
         return value
+
+    def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        if self._packed:
+            return CacheableQuadtree._nodes(self, ids)  # type: ignore[arg-type]
+        return self._ns.get_many(ids)
+
+    def _node(self, nid: int) -> list | None:
+        if self._packed:
+            return CacheableQuadtree._node(self, nid)  # type: ignore[arg-type]
+        return self._ns.get(nid)
+
+    def _keep(self, items: Iterable[tuple[int, list]]) -> None:
+        if self._packed:
+            CacheableQuadtree._keep(self, items)  # type: ignore[arg-type]
+        else:
+            self._ns.put_many(items)
+
+    @staticmethod
+    def _check_data(values: list) -> None:
+        pass
 
     def drop(self) -> None:
         self._ns.clear()
