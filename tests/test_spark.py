@@ -251,3 +251,46 @@ def test_unreachable_redis_fails_the_first_task_naming_the_setting(spark, unique
     with pytest.raises(Exception) as info:
         spark.sparkContext.parallelize([1, 2], 1).mapPartitions(touch).collect()
     assert "redis.url: cannot reach redis://127.0.0.1:1/0" in str(info.value)
+
+
+class _FileSink:
+    """A flush listener that runs on the executors and appends each change to a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def on_flush(self, key, new, old):
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps([key, new, old]) + "\n")
+
+
+def test_foreach_batch_forwards_deduplicated_changes_to_a_sink(spark, tmp_path, unique_ns):
+    cache = _cache(tmp_path, unique_ns)
+    count = _counting(cache)
+    path = str(tmp_path / "changes.jsonl")
+    run = cache.foreach_batch(
+        lambda df, b: df.rdd.map(lambda r: (r.k, r.v)).partitionBy(2, _partitioner)
+        .mapPartitions(count).collect(), sink=_FileSink(path))
+    for b, data in enumerate([[("a", 1), ("b", 1), ("a", 1)], [("a", 1), ("c", 1)]]):
+        run(spark.createDataFrame(data, "k string, v long"), b)
+    with open(path) as fh:
+        changes = sorted(tuple(json.loads(line)) for line in fh)
+    # one change per key and batch, whatever the number of updates: (key, new, old)
+    assert changes == [("a", 2, None), ("a", 3, 2), ("b", 1, None), ("c", 1, None)]
+
+
+def test_spark_conf_settings_reach_the_executors(spark, tmp_path, unique_ns):
+    spark.conf.set("spark.mlcache.disk.path", str(tmp_path / "conf-disk"))
+    spark.conf.set("spark.mlcache.namespace", unique_ns)
+    spark.conf.set("spark.mlcache.heap.max_entries", "64")
+    try:
+        cache = SparkCache(spark=spark, name="conf")
+    finally:
+        for k in ("disk.path", "namespace", "heap.max_entries"):
+            spark.conf.unset(f"spark.mlcache.{k}")
+    assert cache.config.namespace == unique_ns and cache.config.heap.max_entries == 64
+    count = _counting(cache)
+    data = _batch(0, n=40)
+    spark.sparkContext.parallelize(data, 2).partitionBy(2, _partitioner).mapPartitions(count).collect()
+    assert cache.snapshot() == dict(Counter(k for k, _ in data))
+    assert os.path.isdir(str(tmp_path / "conf-disk"))

@@ -16,7 +16,9 @@ Spark conf: ``spark.mlcache.<setting>`` with dotted paths, e.g.::
     spark.mlcache.namespace           fraud
     spark.mlcache.prefetch.enabled    true
 
-A config passed explicitly wins over the conf; the conf wins over ``MLCACHE_*`` variables.
+They may be given at launch (``--conf``) or set on the session (``spark.conf.set``) before the
+:class:`SparkCache` is made. A config passed explicitly wins over the conf; the conf wins over
+``MLCACHE_*`` variables.
 """
 from __future__ import annotations
 
@@ -53,9 +55,15 @@ def _value(raw: str) -> Any:
 def config_from_spark_conf(conf: Any) -> CacheConfig | None:
     """A CacheConfig from the ``spark.mlcache.*`` entries of a SparkConf, SparkSession or
     mapping; ``None`` when there are none."""
-    if hasattr(conf, "sparkContext"):
-        conf = conf.sparkContext.getConf()
-    items = conf.getAll() if hasattr(conf, "getAll") else list(dict(conf).items())
+    if hasattr(conf, "sparkContext"):   # a SparkSession: its SparkConf, then its SQL conf
+        items = list(conf.sparkContext.getConf().getAll())
+        runtime = getattr(conf.conf, "getAll", None)
+        if runtime is not None:
+            items += list((runtime() if callable(runtime) else runtime).items())
+    elif hasattr(conf, "getAll"):
+        items = list(conf.getAll())
+    else:
+        items = list(dict(conf).items())
     entries = {k[len(CONF_PREFIX):]: v for k, v in items if k.startswith(CONF_PREFIX)}
     if not entries:
         return None

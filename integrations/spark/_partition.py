@@ -28,7 +28,7 @@ import json
 import threading
 import typing
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
 
 from mlcache.errors import CacheError
@@ -101,7 +101,6 @@ class PartitionSpec:
     batch_id: int | None = None
     listeners: tuple = ()
     collect_stats: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def _listener_calls(listeners: Iterable[Any]) -> list[Callable[[Any, Any, Any], Any]]:
@@ -163,20 +162,25 @@ class _Run:
         return safe_key
 
     def finish(self, completed: bool) -> None:
-        """The commit point: forward changes, then make the state durable below the heap."""
-        try:
-            if completed and self.spec.listeners:
-                forward_changes(self.target, _listener_calls(self.spec.listeners))
-        finally:
-            if completed and self.scope.batch_id is not None:
-                self.ctx.manager.checkpoint(checkpoint_id=self.scope.batch_id)
-            else:
-                self.ctx.manager.flush()
-            if self.spec.collect_stats:
-                stats = self.ctx.manager.stats()
-                stats["spark"] = {"partitions_taken": self.ctx.takes,
-                                  "ownership_changes": self.ctx.drops}
-                self.ctx.store.record_stats(self.ctx.worker, json.dumps(stats, default=str))
+        """The commit point: make the state durable below the heap, then forward the changes.
+
+        A failed or abandoned run flushes too: its writes (tagged with its attempt, in a
+        micro-batch) must reach the shared level now, while this process still owns the
+        partition, and never later from an eviction after another process took over. Changes
+        are forwarded only once they are durable; a replay forwards them again (at least once
+        downstream, exactly once in the state).
+        """
+        if completed and self.scope.batch_id is not None:
+            self.ctx.manager.checkpoint(checkpoint_id=self.scope.batch_id)
+        else:
+            self.ctx.manager.flush()
+        if completed and self.spec.listeners:
+            forward_changes(self.target, _listener_calls(self.spec.listeners))
+        if self.spec.collect_stats:
+            stats = self.ctx.manager.stats()
+            stats["spark"] = {"partitions_taken": self.ctx.takes,
+                              "ownership_changes": self.ctx.drops}
+            self.ctx.store.record_stats(self.ctx.worker, json.dumps(stats, default=str))
 
 
 def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterable[Any]) -> Iterator[Any]:
