@@ -10,7 +10,7 @@ from typing import Any
 
 from mlcache.manager import register_structure
 
-from .base import Cacheable, StructureRef, open_structure, structures
+from .base import Cacheable, StructureRef, list_structures, open_structure
 from .dict import CacheableDict
 from .list import CacheableList
 from .quadtree import CacheableQuadtree, PlainQuadtree, Point
@@ -21,7 +21,7 @@ __all__ = [
     "Cacheable",
     "StructureRef",
     "open_structure",
-    "structures",
+    "list_structures",
     "CacheableDict",
     "CacheableList",
     "CacheableSet",

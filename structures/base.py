@@ -25,7 +25,7 @@ import uuid
 import weakref
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["Cacheable", "StructureRef", "META_NAMESPACE", "open_structure"]
+__all__ = ["Cacheable", "StructureRef", "META_NAMESPACE", "open_structure", "list_structures"]
 
 META_NAMESPACE = "mlcache.structures"
 _REF_TAG = "\x00mlcache.structure"
@@ -221,6 +221,6 @@ class Cacheable:
         return f"<{type(self).__name__} {self._name!r} len={self._meta.get('len', 0)}>"
 
 
-def structures(manager: Any) -> list[tuple[str, str]]:
+def list_structures(manager: Any) -> list[tuple[str, str]]:
     """The ``(kind, name)`` of every structure that has metadata in ``manager``."""
     return sorted(manager.namespace(META_NAMESPACE).keys())

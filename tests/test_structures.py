@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from mlcache import CacheManager
-from mlcache.structures import CacheableDict, CacheableList, CacheableSet
+from mlcache.structures import list_structures
 
 from _structures_support import (LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, outcome,
                                  tiny_config)
@@ -329,6 +329,7 @@ def test_reopen_after_close_keeps_contents_and_len(tmp_path, redis_url):
         d = m.dict("users")
         assert len(d) == 49 and d["u7"] == {"n": 7} and "u3" not in d
         assert m.set("tags") == {"x", "y", ("z", 1)}
+        assert {("dict", "users"), ("set", "tags")} <= set(list_structures(m))
 
 
 def test_drop_frees_and_object_stays_usable(manager):
