@@ -377,9 +377,13 @@ class ArenaLevel:
                 error = self._too_big(key, size)
                 if error is not None:
                     raise error
+        items = fixed if fixed is not None else items
         if not (self.may_evict or self.lossy):
-            self._check_store_of_record(fixed if fixed is not None else items)
-        return fixed if fixed is not None else items
+            # Only the last value of a key counts: an earlier, larger one must not make an
+            # intermediate state overflow what the whole batch fits in.
+            items = list(dict(items).items())
+            self._check_store_of_record(items)
+        return items
 
     def _check_store_of_record(self, items: Sequence[tuple[bytes, Any]]) -> None:
         bs = self.block_size
@@ -462,6 +466,14 @@ class ArenaLevel:
                         or not (self.may_evict or self.lossy):
                     items = self._check_batch(items)
                     break
+            if not (self.may_evict or self.lossy):
+                # The whole batch fits (checked); dropping the old values first makes every
+                # intermediate state a subset of the final one, so no step can overflow.
+                for key, _ in items:
+                    old = self._index.get(key)
+                    if old is not None:
+                        self._policy.remove(key)
+                        self._drop(key, old)
             victims: Victims = []
             sink = victims if self.may_evict else None
             bs = self.block_size
