@@ -13,7 +13,6 @@ import shutil
 import tempfile
 import uuid
 
-import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -256,6 +255,31 @@ def test_heap_redis_disk(redis_url):
         lambda tmp, ns: CacheConfig(heap=_heap(max_entries=2),
                                     levels=(RedisConfig(url=redis_url, prefix=ns, max_bytes=40),
                                             DiskConfig(path=tmp)),
+                                    namespace=ns, write_batch_size=3),
+        durable=True)
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+def test_heap_arena_redis_disk(redis_url):
+    # the full ladder: a tiny arena overflows into a tiny Redis, which overflows into the disk
+    machine = make_machine(
+        lambda tmp, ns: CacheConfig(heap=_heap(max_entries=2),
+                                    levels=(ArenaConfig(max_bytes=40000, block_size=64,
+                                                        buffer_size=512),
+                                            RedisConfig(url=redis_url, prefix=ns, max_bytes=60),
+                                            DiskConfig(path=tmp)),
+                                    namespace=ns, write_batch_size=3),
+        durable=True)
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+def test_heap_arena_redis(redis_url):
+    # the arena between the heap and Redis as the store of record
+    machine = make_machine(
+        lambda tmp, ns: CacheConfig(heap=_heap(max_entries=2),
+                                    levels=(ArenaConfig(max_bytes=40000, block_size=64,
+                                                        buffer_size=512),
+                                            RedisConfig(url=redis_url, prefix=ns)),
                                     namespace=ns, write_batch_size=3),
         durable=True)
     run_state_machine_as_test(machine, settings=SETTINGS)
