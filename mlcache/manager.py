@@ -6,34 +6,37 @@ batch; what it finds is decoded and inserted into the heap clean (the lower copy
 clean eviction later costs nothing). A write replaces the heap entry and marks it dirty; dirty
 victims go down through :mod:`mlcache.writeback`.
 
-Everything shared is guarded by one re-entrant lock, held only for in-memory work: a heap hit
-is a dict lookup, a policy access and a counter under that lock. Level I/O runs outside it
-(see writeback's ``wseq`` for how reads stay exact while writes are in flight). User keys are
-turned into canonical byte keys once and memoised, so the hit path never runs msgpack.
+Everything shared is guarded by one re-entrant lock, held only for in-memory work. A heap hit
+takes no lock at all: a dict read and an append to a read buffer that is replayed to the policy
+in batches. Level I/O runs outside the lock (see writeback's ``wseq`` for how reads stay exact
+while writes are in flight; the miss path is in :mod:`mlcache._readpath`). User keys are turned
+into canonical byte keys once and memoised (:mod:`mlcache._keyview`), so a hit never runs
+msgpack.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import threading
-import time
 import weakref
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ._keyview import KeyView
+from ._namespace import Namespace
+from ._readpath import IMMUTABLE, MISSING, ReadPath, _Load, digest as _digest
 from .codec import Codec
 from .config import CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
-from .keys import check_key, decode_key, encode_key, namespace_prefix
+from .keys import decode_key, namespace_prefix
 from .levels.heap import HeapLevel
 from .stats import Stats
 from .writeback import WriteBack
 
 __all__ = ["CacheManager", "Namespace", "register_structure"]
 
-_MISSING: Any = object()
+_MISSING = MISSING
+_IMMUTABLE = IMMUTABLE
 _SIMPLE_KEYS = frozenset((str, int, bytes))
-_IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None), complex))
-_MEMO_MAX = 1 << 16
 _READ_BATCH = 64
 
 _STRUCTURES: dict[str, Callable[..., Any]] = {}
@@ -42,30 +45,6 @@ _STRUCTURES: dict[str, Callable[..., Any]] = {}
 def register_structure(kind: str, factory: Callable[..., Any]) -> None:
     """Register ``factory(manager, name, **kw)`` as ``manager.structure(kind, name, **kw)``."""
     _STRUCTURES[kind] = factory
-
-
-def _digest(data: bytes) -> tuple[int, int]:
-    # In-process only, so the salted built-in hash is fine and far cheaper than a crypto hash.
-    return len(data), hash(data)
-
-
-def _plain_key(key: Any) -> Any:
-    """Subclasses of str/int/bytes (str enums, IntEnum, ...) key like their base value, as in
-    a dict; bool stays (keys.py folds it into int)."""
-    t = type(key)
-    if t is str or t is int or t is bytes or t is bool:
-        return key
-    if t is tuple:
-        return tuple(_plain_key(k) for k in key)
-    if isinstance(key, str):
-        return str.__str__(key)
-    if isinstance(key, bytes):
-        return bytes(key)
-    if isinstance(key, int):
-        return int(key)
-    if isinstance(key, tuple):
-        return tuple(_plain_key(k) for k in key)
-    return key
 
 
 def _after_fork(ref: Any) -> None:
@@ -79,47 +58,7 @@ def _after_fork(ref: Any) -> None:
     manager._wb.reset_after_fork(manager._lock)
 
 
-class _Load:
-    """A fetch in flight for some keys; others wanting them wait on ``done``."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
-class _KeyView:
-    """Turns user keys into canonical byte keys under one namespace prefix, memoised."""
-
-    def __init__(self, prefix: bytes) -> None:
-        self._prefix = prefix
-        self._memo: dict[Any, bytes] = {}
-
-    def _kb(self, key: Any) -> bytes:
-        if type(key) in _SIMPLE_KEYS:
-            kb = self._memo.get(key)
-            if kb is not None:
-                return kb
-        else:
-            check_key(key)
-            kb = self._memo.get(key)
-            if kb is not None:
-                return kb
-        kb = self._prefix + encode_key(_plain_key(key))
-        memo = self._memo
-        if len(memo) >= _MEMO_MAX:
-            memo.clear()
-        memo[key] = kb
-        return kb
-
-    def _encode_key(self, key: Hashable) -> bytes:
-        return self._kb(key)
-
-    def _user_key(self, kb: bytes) -> Any:
-        return decode_key(kb[len(self._prefix):])
-
-
-class CacheManager(_KeyView):
+class CacheManager(ReadPath, KeyView):
     """A multi-level cache: heap -> byte levels, fastest first. Thread-safe; a context manager."""
 
     def __init__(self, config: CacheConfig | None = None) -> None:
@@ -319,200 +258,6 @@ class CacheManager(_KeyView):
             with self._lock:
                 self._apply_reads()  # keep hits and hints in the order they happened
                 self._heap.policy.hint(key_bytes, ts)
-
-    def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
-                        prefetch: bool = False) -> dict[bytes, Any]:
-        """Read ``keys_bytes`` through every level into the heap; the batched miss path.
-
-        Resident keys are answered from the heap, tombstoned ones are misses, keys in the
-        eviction buffer come back without I/O, keys another thread is fetching are waited for
-        (a prefetch skips them), and the rest are read with one ``get_many`` per level. A key
-        written or deleted meanwhile keeps the newer state. Returns the keys found.
-        """
-        out: dict[bytes, Any] = {}
-        todo = list(dict.fromkeys(keys_bytes))
-        heap_st = self._stats.levels["heap"]
-        rounds = 0
-        while todo:
-            rounds += 1
-            mine: list[bytes] = []
-            waits: list[_Load] = []
-            retry: list[bytes] = []
-            with self._lock:
-                self._check_open()
-                if self._reads or self._reads_ts:
-                    self._apply_reads()
-                data, wb = self._data, self._wb
-                for kb in todo:
-                    value = data.get(kb, _MISSING)
-                    if value is not _MISSING:
-                        out[kb] = value
-                        if not prefetch:
-                            self._hits += 1
-                            if self._access is not None:
-                                self._access(kb, ts)
-                            if self._track:
-                                self._handed.add(kb)
-                        continue
-                    if kb in wb.tombstones:
-                        if not prefetch:
-                            heap_st.misses += 1
-                        continue
-                    load = self._loading.get(kb)
-                    if load is not None:
-                        if prefetch:
-                            continue
-                        if rounds < 3:
-                            waits.append(load)
-                            retry.append(kb)
-                            continue
-                        # Still loading after two waits: read it ourselves rather than spin.
-                    raw = wb.pending_lookup(kb)
-                    if raw is not None:
-                        value = self._codec.decode(raw)
-                        self._stats.writeback["buffer_hits"] += 1
-                        out[kb] = self._admit(kb, value, raw, ts)
-                        continue
-                    if not prefetch:
-                        heap_st.misses += 1
-                    mine.append(kb)
-                load = _Load()
-                for kb in mine:
-                    self._loading[kb] = load
-            if mine:
-                try:
-                    self._read_lower(mine, out, ts, prefetch)
-                finally:
-                    with self._lock:
-                        for kb in mine:
-                            if self._loading.get(kb) is load:
-                                del self._loading[kb]
-                    load.done.set()
-            for w in waits:
-                w.done.wait()
-            todo = retry
-        if self._wb.needs_room() and not self._lock._is_owned():  # type: ignore[attr-defined]
-            self._wb.make_room()
-        else:
-            self._wb.ensure_writers()
-        if self._records is not None and not prefetch and self._records.has_cuts():
-            self._records.forward()
-        return out
-
-    def _read_lower(self, keys: list[bytes], out: dict[bytes, Any], ts: float | None,
-                    prefetch: bool) -> None:
-        """Read ``keys`` from the byte levels, then resolve and insert under the lock."""
-        wb = self._wb
-        with self._lock:
-            seq = wb.wseq
-        if seq % 2 == 0:
-            found, timings = self._read_levels(keys)
-            decoded = self._decode_all(found)
-            with self._lock:
-                if wb.wseq == seq:
-                    self._resolve(keys, found, decoded, timings, out, ts, prefetch)
-                    return
-        # A write overlapped the read (an entry may have been between levels): read again
-        # while no write can run.
-        with wb.io_lock:
-            found, timings = self._read_levels(keys)
-            decoded = self._decode_all(found)
-            with self._lock:
-                self._resolve(keys, found, decoded, timings, out, ts, prefetch)
-
-    def _read_levels(self, keys: list[bytes]) -> tuple[dict[bytes, bytes], list[tuple]]:
-        """First level holding each key answers; a level's buffer is consulted just above it."""
-        found: dict[bytes, bytes] = {}
-        timings = []
-        remaining = keys
-        pending = self._wb.buffer.pending
-        for i, level in enumerate(self._levels):
-            if not remaining:
-                break
-            if i > 0 and pending[i]:
-                with self._lock:
-                    p = pending[i]
-                    rest = []
-                    for kb in remaining:
-                        raw = p.get(kb)
-                        if raw is None:
-                            rest.append(kb)
-                        else:
-                            found[kb] = raw
-                remaining = rest
-                if not remaining:
-                    break
-            t0 = time.perf_counter()
-            values = level.get_many(remaining)
-            elapsed = time.perf_counter() - t0
-            rest = []
-            for kb, raw in zip(remaining, values):
-                if raw is None:
-                    rest.append(kb)
-                else:
-                    found[kb] = raw
-            timings.append((self._level_names[i], elapsed, len(remaining) - len(rest), len(rest)))
-            remaining = rest
-        return found, timings
-
-    def _decode_all(self, found: dict[bytes, bytes]) -> dict[bytes, Any]:
-        decode = self._codec.decode
-        out = {}
-        for kb, raw in found.items():
-            try:
-                out[kb] = decode(raw)
-            except CacheError as exc:
-                exc.key = self._describe_key(kb)
-                raise
-        return out
-
-    def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
-                 timings: list[tuple], out: dict[bytes, Any], ts: float | None,
-                 prefetch: bool) -> None:
-        """Lock held: keep whatever happened to a key during the read, else admit what we read."""
-        for name, elapsed, hits, misses in timings:
-            st = self._stats.levels[name]
-            st.loads += 1
-            st.hits += hits
-            st.misses += misses
-            st.keys_loaded += hits
-            st.load_time.record(elapsed)
-        if prefetch:
-            self._stats.prefetch["keys_loaded"] += len(found)
-        data, wb = self._data, self._wb
-        for kb in keys:
-            value = data.get(kb, _MISSING)
-            if value is not _MISSING:          # written meanwhile: the newer value wins
-                out[kb] = value
-                continue
-            if kb in wb.tombstones:            # deleted meanwhile
-                continue
-            raw = wb.pending_lookup(kb)
-            if raw is not None:                # written and evicted meanwhile
-                out[kb] = self._admit(kb, self._codec.decode(raw), raw, ts)
-                continue
-            raw = found.get(kb)
-            if raw is not None:
-                out[kb] = self._admit(kb, decoded[kb], raw, ts)
-
-    def _admit(self, kb: bytes, value: Any, raw: bytes, ts: float | None) -> Any:
-        """Lock held: insert a value read from below into the heap, clean."""
-        heap = self._heap
-        if heap is None:
-            return value
-        if self._track and type(value) not in _IMMUTABLE:
-            self._digests[kb] = _digest(raw)
-        victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts)
-        if victims:
-            if any(k == kb for k, _, _ in victims):
-                # not admitted: just decoded, so unchanged; nothing to check or write
-                self._digests.pop(kb, None)
-                victims = [v for v in victims if v[0] != kb]
-                self._stats.levels["heap"].evictions["not_admitted"] += 1
-            self._handle_victims(victims)
-        if self._track:
-            self._handed.add(kb)
-        return value
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -935,79 +680,3 @@ class CacheManager(_KeyView):
         if self._records is not None:
             snap["dedup"] = self._records.stats()
         return snap
-
-
-class Namespace(_KeyView):
-    """A view of a manager with its own key space; same API, shared levels and heap."""
-
-    def __init__(self, manager: CacheManager, name: str) -> None:
-        super().__init__(namespace_prefix(f"{manager.config.namespace}/{name}"))
-        self.manager = manager
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Namespace({self.name!r})"
-
-    def __contains__(self, key: Any) -> bool:
-        return self.contains(key)
-
-    @property
-    def config(self) -> CacheConfig:
-        return self.manager.config
-
-    def get(self, key: Any, default: Any = None, *, ts: float | None = None) -> Any:
-        return self.manager._get_kb(self._kb(key), default, ts)
-
-    def contains(self, key: Any) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
-
-    def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
-        pairs = [(key, self._kb(key)) for key in keys]
-        found = self.manager._load_into_heap([kb for _, kb in pairs], ts)
-        return {key: found[kb] for key, kb in pairs if kb in found}
-
-    def put(self, key: Any, value: Any, *, ts: float | None = None) -> None:
-        self.manager._put_items([(key, self._kb(key), value)], ts)
-
-    def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        pairs = items.items() if isinstance(items, Mapping) else items
-        self.manager._put_items([(key, self._kb(key), value) for key, value in pairs], None)
-
-    def delete(self, key: Any) -> None:
-        self.manager._delete_kbs([self._kb(key)])
-
-    def delete_many(self, keys: Iterable[Any]) -> None:
-        self.manager._delete_kbs([self._kb(key) for key in keys])
-
-    def keys(self) -> Iterator[Any]:
-        return iter(self.manager._keys_with_prefix(self._prefix))
-
-    def hint(self, key: Any, ts: float) -> None:
-        self.manager._hint_kb(self._kb(key), ts)
-
-    def flush(self) -> None:
-        self.manager.flush()
-
-    def checkpoint(self, checkpoint_id: Any = None) -> None:
-        self.manager.checkpoint(checkpoint_id)
-
-    def stats(self) -> dict[str, Any]:
-        return self.manager.stats()
-
-    def on_flush(self, callback: Callable[[list], Any]) -> Callable[[list], Any]:
-        """Call ``callback(batch)`` with this namespace's flushed ``(key, new, old)`` batches."""
-        return self.manager._record_cache().add_listener(self._prefix, callback)
-
-    def remove_flush_listener(self, callback: Callable[[list], Any]) -> None:
-        self.manager._record_cache().remove_listener(self._prefix, callback)
-
-    # hooks for mlcache.prefetch, so a Namespace can stand in for its manager
-    def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
-                        prefetch: bool = False) -> dict[bytes, Any]:
-        return self.manager._load_into_heap(keys_bytes, ts, prefetch=prefetch)
-
-    def _resident(self, key_bytes: bytes) -> bool:
-        return self.manager._resident(key_bytes)
-
-    def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
-        self.manager._policy_hint(key_bytes, ts)

@@ -1,0 +1,61 @@
+"""User keys -> canonical byte keys under a namespace prefix, memoised for the hit path."""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+from .keys import check_key, decode_key, encode_key
+
+__all__ = ["KeyView"]
+
+_SIMPLE_KEYS = frozenset((str, int, bytes))
+_MEMO_MAX = 1 << 16
+
+
+def _plain_key(key: Any) -> Any:
+    """Subclasses of str/int/bytes (str enums, IntEnum, ...) key like their base value, as in
+    a dict; bool stays (keys.py folds it into int)."""
+    t = type(key)
+    if t is str or t is int or t is bytes or t is bool:
+        return key
+    if t is tuple:
+        return tuple(_plain_key(k) for k in key)
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, bytes):
+        return bytes(key)
+    if isinstance(key, int):
+        return int(key)
+    if isinstance(key, tuple):
+        return tuple(_plain_key(k) for k in key)
+    return key
+
+
+class KeyView:
+    """Turns user keys into canonical byte keys under one namespace prefix, memoised."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self._prefix = prefix
+        self._memo: dict[Any, bytes] = {}
+
+    def _kb(self, key: Any) -> bytes:
+        if type(key) in _SIMPLE_KEYS:
+            kb = self._memo.get(key)
+            if kb is not None:
+                return kb
+        else:
+            check_key(key)
+            kb = self._memo.get(key)
+            if kb is not None:
+                return kb
+        kb = self._prefix + encode_key(_plain_key(key))
+        memo = self._memo
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[key] = kb
+        return kb
+
+    def _encode_key(self, key: Hashable) -> bytes:
+        return self._kb(key)
+
+    def _user_key(self, kb: bytes) -> Any:
+        return decode_key(kb[len(self._prefix):])
