@@ -177,7 +177,8 @@ def run_pipeline(spark: Any, *, variant: str = "mlcache", events: int = 300_000,
     src = os.path.join(workdir, run_id, "in")
     tally, distinct = write_source(src, events, cards, batches)
     if variant == "redis-only":
-        heap, per_worker = None, None
+        # No heap means nowhere to prefetch into: hints would only add Redis reads.
+        heap, per_worker, prefetch = None, None, False
     elif variant == "all-in-heap":
         per_worker = 2 * cards + 1024
         heap = HeapConfig(policy=policy, max_entries=per_worker, max_bytes=None)
