@@ -120,7 +120,8 @@ def test_under_pressure_nothing_is_lost_or_forwarded_twice(tmp_path_factory, ops
         assert fwd[-1] == values[-1]
         it = iter(values)
         assert all(v in it for v in fwd)      # a subsequence of the updates, in order, no repeats
-    assert disk_writes(m) == len(log.records)
+    # one store write per forwarded version at most (a queued one may be superseded)
+    assert disk_writes(m) <= len(log.records)
     for (n, k), values in puts.items():
         assert spaces[n].get(k) == values[-1]
     m.close()
