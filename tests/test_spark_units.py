@@ -132,3 +132,32 @@ def test_batch_view_survives_in_place_mutation(tmp_path, unique_ns):
         first.put("k", value)
         again = BatchView(ns, 1, "c")                # a replay of batch 1
         assert again.get("k") == [1]
+
+
+def test_executor_manager_is_one_per_process_and_rebuilt_after_fork(tmp_path, unique_ns):
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlcache.integrations.spark import executor_manager, worker_context
+
+    cfg = _disk_config(tmp_path, unique_ns)
+    with ThreadPoolExecutor(8) as pool:
+        managers = list(pool.map(lambda _: executor_manager(cfg), range(32)))
+    assert all(m is managers[0] for m in managers)
+    assert executor_manager(cfg.to_dict()) is managers[0]     # same config, as a mapping
+    pid = os.fork()
+    if pid == 0:  # the child must build its own manager, never reuse the parent's
+        try:
+            ok = executor_manager(cfg) is not managers[0] and worker_context(cfg).pid == os.getpid()
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    store = open_epoch_store(cfg)
+    try:
+        creations = store.creations()
+    finally:
+        store.close()
+    assert sorted(int(w.split(":")[1]) for w in creations) == sorted([os.getpid(), pid])
+    assert set(creations.values()) == {1}
