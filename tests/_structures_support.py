@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
 
 LEVELS = ["disk", "redis-disk"]
-MACHINE_SETTINGS = settings(max_examples=12, stateful_step_count=30, deadline=None)
+MACHINE_SETTINGS = settings(max_examples=20, stateful_step_count=30, deadline=None)
 
 
 def tiny_config(kind: str, path: str, redis_url: str | None) -> CacheConfig:
