@@ -123,10 +123,9 @@ class ReadPath:
             for w in waits:
                 w.done.wait()
             todo = retry
-        if self._wb.needs_room() and not self._lock._is_owned():  # type: ignore[attr-defined]
-            self._wb.make_room()
-        else:
-            self._wb.ensure_writers()
+        # A read may push dirty victims into the buffer but never waits for room there (and
+        # never fails because a write failed): back-pressure is for puts.
+        self._wb.ensure_writers()
         if self._records is not None and not prefetch and self._records.has_cuts():
             self._records.forward()
         return out

@@ -403,3 +403,22 @@ def test_key_subclasses_key_like_their_base_value(m):
     m.put(("t", Level.HIGH), 3)
     assert m.get("red") == 1 and m.get(3) == 2 and m.get(("t", 3)) == 3
     assert sorted(map(repr, m.keys())) == sorted(map(repr, ["red", 3, ("t", 3)]))
+
+
+def test_put_that_needs_room_surfaces_the_write_back_error(tmp_path):
+    cfg = CacheConfig(heap=heap(1), levels=(DiskConfig(path=str(tmp_path), max_bytes=40),),
+                      eviction_buffer_max=2, retry_attempts=1, retry_backoff=0.0)
+    m = CacheManager(cfg)
+    with pytest.raises(CapacityError):
+        for i in range(10):
+            m.put(i, "y" * 30)            # the store of record fills; the buffer then too
+    assert m.stats()["writeback"]["pending"] >= 2
+    written = [i for i in range(10) if m.get(i) is not None]
+    assert all(m.get(i) == "y" * 30 for i in written) and len(written) >= 3   # none lost
+    with pytest.raises(CapacityError):
+        m.close()                         # the checkpoint fails: the manager stays open
+    assert not m.closed
+    m.delete_many(range(1, 10))
+    m.close()
+    with CacheManager(cfg) as again:
+        assert again.get(0) == "y" * 30
