@@ -47,15 +47,20 @@ def register_structure(kind: str, factory: Callable[..., Any]) -> None:
     _STRUCTURES[kind] = factory
 
 
-def _after_fork(ref: Any) -> None:
+_LIVE: "weakref.WeakSet[CacheManager]" = weakref.WeakSet()
+
+
+def _after_fork() -> None:
     """In a forked child: locks may have been held by threads that do not exist here, and no
     writer or fetch thread was copied; start over with fresh ones (created lazily)."""
-    manager = ref()
-    if manager is None:
-        return
-    manager._lock = threading.RLock()
-    manager._loading = {}
-    manager._wb.reset_after_fork(manager._lock)
+    for manager in list(_LIVE):
+        manager._lock = threading.RLock()
+        manager._loading = {}
+        manager._wb.reset_after_fork(manager._lock)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class CacheManager(ReadPath, KeyView):
@@ -116,9 +121,7 @@ class CacheManager(ReadPath, KeyView):
         self._prefetcher_pid = 0
         self._prefetch_absent = False
         self._closed = False
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-            os.register_at_fork(after_in_child=lambda: _after_fork(ref))
+        _LIVE.add(self)
         self.last_checkpoint_id: Any = None
         self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
         if self._heap is not None and self._heap.policy.name == "dedup":
