@@ -410,8 +410,8 @@ def test_python_side_memory_stays_within_the_charged_overheads(key_len, policy):
             a.put(os.urandom(key_len), b"v" * (n % 9000))
             if n % 997 == 0 or n & (n - 1) == 0:
                 used = tracemalloc.get_traced_memory()[0] - base
-                charged = (LEVEL_OVERHEAD + len(a._maps) * BUFFER_OVERHEAD
-                           + n * (ENTRY_OVERHEAD + key_len))
+                per_buffer = BUFFER_OVERHEAD + 4 * a.blocks_per_buffer
+                charged = a._fixed + len(a._maps) * per_buffer + n * (ENTRY_OVERHEAD + key_len)
                 worst = max(worst, used - charged)
         assert worst <= 0, f"Python objects exceed the charges by {worst} bytes"
         a.close()

@@ -56,7 +56,7 @@ from .base import Victims
 __all__ = ["ArenaLevel", "ENTRY_OVERHEAD", "BUFFER_OVERHEAD", "LEVEL_OVERHEAD"]
 
 ENTRY_OVERHEAD = 448     # per entry besides len(key): index dict slot, key object, int, policy
-BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, four memoryviews, list slots
+BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, memoryviews, list slots (+ 4 B/block)
 LEVEL_OVERHEAD = 16384   # the level object, its lists, lock and an empty policy
 
 _FREE = 0xFFFF
@@ -99,7 +99,8 @@ class ArenaLevel:
         bpb = self.blocks_per_buffer = size // bs
         self._shift = (bpb - 1).bit_length()
         self._mask = (1 << self._shift) - 1
-        self._buffer_cost = -(-size // _PAGE) * _PAGE + BUFFER_OVERHEAD
+        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes)
+        self._buffer_cost = -(-size // _PAGE) * _PAGE + BUFFER_OVERHEAD + 4 * bpb
         self._lock = threading.Lock()
         self._closed = False
         self._maps: list[mmap.mmap] = []
@@ -116,9 +117,16 @@ class ArenaLevel:
         self._index_bytes = 0
         self._data_bytes = 0
         self._allocated = 0                                  # charged for mapped buffers
-        self._index_room = self.max_bytes - LEVEL_OVERHEAD   # what the index may use today
+        # the fixed charge grows with the block tables below (12 bytes per block of a buffer)
+        self._fixed = LEVEL_OVERHEAD + 12 * bpb
+        self._index_room = self.max_bytes - self._fixed   # what the index may use today
         self._fresh_next = array("H", [0, *range(2, bpb), 0])
         self._fresh_len = array("H", [_FREE]) * bpb
+        self._free_lens = memoryview(self._fresh_len)
+        self._full_lens = memoryview(array("H", [bs]) * bpb)
+        self._zeros = memoryview(array("I", [0]) * bpb)
+        self._succ = memoryview(array("H", range(1, bpb + 1)))
+        self._addrs: list[memoryview] = []         # per buffer: the address of each block
         self._policy = get_policy(cfg.policy)(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
         self._access = self._policy.access
@@ -134,7 +142,7 @@ class ArenaLevel:
 
     def memory_bytes(self) -> int:
         """Everything counted against ``max_bytes``: mapped buffers, index, fixed overhead."""
-        return LEVEL_OVERHEAD + self._allocated + self._index_bytes
+        return self._fixed + self._allocated + self._index_bytes
 
     @property
     def data_bytes(self) -> int:
@@ -158,7 +166,7 @@ class ArenaLevel:
 
     def _fits(self, blocks: int, index_bytes: int) -> bool:
         """Would ``blocks`` more blocks fit with the index at ``index_bytes``?"""
-        spare = self.max_bytes - LEVEL_OVERHEAD - self._allocated - index_bytes
+        spare = self.max_bytes - self._fixed - self._allocated - index_bytes
         if spare < 0:
             return False
         new_buffers = spare // self._buffer_cost
@@ -166,7 +174,7 @@ class ArenaLevel:
 
     def _max_blocks(self, charge: int) -> int:
         """The most blocks one entry with this index charge could have in an empty arena."""
-        spare = self.max_bytes - LEVEL_OVERHEAD - charge
+        spare = self.max_bytes - self._fixed - charge
         return max(0, spare // self._buffer_cost) * (self.blocks_per_buffer - 1)
 
     def _too_big(self, key: bytes, size: int) -> CapacityError | None:
@@ -178,7 +186,7 @@ class ArenaLevel:
         return CapacityError(
             f"arena {self.name!r}: an entry of {size} bytes needs {blocks} blocks of {bs} bytes, "
             f"but max_bytes={self.max_bytes} holds at most {most} blocks ({most * bs} bytes) "
-            f"after {LEVEL_OVERHEAD} bytes of fixed overhead, {self._buffer_cost - self.buffer_size}"
+            f"after {self._fixed} bytes of fixed overhead, {self._buffer_cost - self.buffer_size}"
             f" per buffer and {ENTRY_OVERHEAD + len(key)} for this key's index entry",
             level=self.name, key=key)
 
@@ -199,6 +207,8 @@ class ArenaLevel:
         self._prev.append(prev)
         self._len.append(lens)
         self._next.append(nxt)
+        base = len(self._addrs) << self._shift
+        self._addrs.append(memoryview(array("I", range(base, base + bpb))))
         self._free_head.append(1)
         self._free_count.append(bpb - 1)
         self._free_blocks += bpb - 1
@@ -210,11 +220,13 @@ class ArenaLevel:
 
         Returns the last address, with ``_CONTIG`` set if every new block directly follows its
         predecessor. Takes at least one block (an empty entry still needs an address); the
-        caller has made room.
+        caller has made room. Free blocks that follow each other are taken as one run: one
+        copy for the data and slice assignments for their metadata, not a loop per block.
         """
         bs = self.block_size
         shift = self._shift
         nonfull = self._nonfull
+        full = self._full_lens
         contig = _CONTIG
         taken = 0
         while True:
@@ -230,21 +242,30 @@ class ArenaLevel:
             base = b << shift
             done = False
             while count:
-                i = head
-                head = nxt[i]
-                count -= 1
-                taken += 1
-                chunk = end - pos
-                if chunk > bs:
-                    chunk = bs
+                want = (end - pos + bs - 1) // bs or 1
+                if want > count:
+                    want = count
+                i = j = head                   # the run is i..j
+                while j - i + 1 < want and nxt[j] == j + 1:
+                    j += 1
+                k = j - i + 1
+                head = nxt[j]
+                count -= k
+                taken += k
+                nbytes = end - pos
+                if nbytes > k * bs:
+                    nbytes = k * bs
                 off = i * bs
-                view[off:off + chunk] = data[pos:pos + chunk]
-                lens[i] = chunk
+                view[off:off + nbytes] = data[pos:pos + nbytes]
+                if k > 1:
+                    lens[i:j] = full[:k - 1]
+                    prevs[i + 1:j + 1] = self._addrs[b][i:j]
+                lens[j] = nbytes - (k - 1) * bs
                 prevs[i] = prev
                 if prev and base + i != prev + 1:
                     contig = 0
-                prev = base + i
-                pos += chunk
+                prev = base + j
+                pos += nbytes
                 if pos >= end:
                     done = True
                     break
@@ -256,14 +277,34 @@ class ArenaLevel:
                 self._free_blocks -= taken
                 return prev | contig
 
-    def _release(self, addr: int) -> None:
-        """Return every block of the chain ending at ``addr`` to its buffer's free list.
+    def _release(self, packed: int) -> None:
+        """Return every block of the entry ``packed`` to its buffer's free list.
 
-        Walking backwards pushes the first block last, so the free list hands the blocks out
-        again in their original order and a same-sized rewrite stays contiguous.
+        The free list is rebuilt so that it hands the blocks out again in their original order
+        (head = first block), so a same-sized rewrite stays contiguous. A contiguous entry is
+        freed with slice assignments; a scattered one block by block, walking back.
         """
         shift = self._shift
         mask = self._mask
+        addr = packed & _ADDR
+        if packed & _CONTIG:
+            b = addr >> shift
+            j = addr & mask
+            k = ((packed >> 33) + self.block_size - 1) // self.block_size or 1
+            i = j - k + 1
+            nxt = self._next[b]
+            self._len[b][i:j + 1] = self._free_lens[:k]
+            self._prev[b][i:j + 1] = self._zeros[:k]
+            if k > 1:
+                nxt[i:j] = self._succ[i:j]
+            nxt[j] = self._free_head[b]
+            self._free_head[b] = i
+            count = self._free_count[b]
+            if not count:
+                self._nonfull.append(b)
+            self._free_count[b] = count + k
+            self._free_blocks += k
+            return
         freed = 0
         while addr:
             b = addr >> shift
@@ -317,7 +358,7 @@ class ArenaLevel:
         self._data_bytes -= size
         self._used_blocks -= (size + self.block_size - 1) // self.block_size or 1
         self._index_bytes -= ENTRY_OVERHEAD + len(key)
-        self._release(packed & _ADDR)
+        self._release(packed)
 
     # -- eviction -----------------------------------------------------------------------------
 
@@ -338,7 +379,7 @@ class ArenaLevel:
                        "; it is the store of record, so nothing was written"),
                     level=self.name, key=keep)
             short = max(0, blocks - self._free_blocks) * self.block_size
-            over = LEVEL_OVERHEAD + self._allocated + self._index_bytes + charge - self.max_bytes
+            over = self._fixed + self._allocated + self._index_bytes + charge - self.max_bytes
             chosen = policy.resize(max(1, self.used_bytes() - max(short, over, 1)))
             policy.resize(self.max_bytes)
             if not chosen:      # the policy tracks nothing it may give up: oldest other entry
@@ -462,8 +503,10 @@ class ArenaLevel:
                 items = list(items)
             small = self._small
             for key, value in items:
-                if type(key) is not bytes or type(value) is not bytes or len(value) > small \
-                        or not (self.may_evict or self.lossy):
+                kind = type(value)
+                if type(key) is not bytes or (kind is not bytes and (
+                        kind is not memoryview or value.format != "B" or value.ndim != 1)) \
+                        or len(value) > small or not (self.may_evict or self.lossy):
                     items = self._check_batch(items)
                     break
             if not (self.may_evict or self.lossy):
@@ -619,6 +662,7 @@ class ArenaLevel:
             self._closed = True
             self._index.clear()
             self._lookup = self._closed_lookup
+            self._addrs.clear()
             for group in (self._prev, self._len, self._next, self._views):
                 for view in group:
                     view.release()
@@ -634,7 +678,7 @@ class ArenaLevel:
             self._free_count.clear()
             self._free_blocks = self._used_blocks = self._allocated = 0
             self._index_bytes = self._data_bytes = 0
-            self._index_room = self.max_bytes - LEVEL_OVERHEAD
+            self._index_room = self.max_bytes - self._fixed
 
     # -- zero-copy reads ----------------------------------------------------------------------
 
