@@ -38,6 +38,7 @@ from .stats import Stats
 __all__ = ["EvictionBuffer", "WriteBack"]
 
 _MAX_BACKOFF = 2.0
+_MIN_BACKOFF = 0.01  # a background writer never spins on a failing level
 _LINGER = 0.005  # a writer waits this long for a batch to fill before writing a small one
 
 
@@ -160,11 +161,15 @@ class WriteBack:
                         self.flush_tombstones()
                     attempt = 0
                     self.error = None
+                    # Let a reader waiting for the I/O lock in before the next batch (the lock
+                    # is not fair, and a miss must not starve behind a long write-back).
+                    time.sleep(0)
                 except Exception as exc:  # kept and surfaced to the next flush/put
                     self.error = exc
                     self.stats.writeback["writer_errors"] += 1
                     attempt += 1
-                    self._stop.wait(min(_MAX_BACKOFF, self.retry_backoff * (2 ** min(attempt, 6))))
+                    backoff = max(_MIN_BACKOFF, self.retry_backoff) * (2 ** min(attempt, 6))
+                    self._stop.wait(min(_MAX_BACKOFF, backoff))
 
     def stop(self) -> None:
         self._stop.set()
