@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> BenchReport:
     n_seq = 10_000 if quick else 100_000
     n_rand = 10_000 if quick else 100_000
     n_level = 500 if quick else 2_000
-    events = 2_000 if quick else 5_000
+    events = 5_000 if quick else 10_000
     churn_mib = getattr(args, "churn_mib", None) or (64 if quick else 256)
     churn_ops = 20_000 if quick else 100_000
 
