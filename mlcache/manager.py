@@ -665,10 +665,14 @@ class CacheManager(ReadPath, KeyView):
                                   policy=self._heap.policy.name)
                 if self._heap.by_bytes:
                     heap_extra["bytes"] = self._heap.tracked_weight
+                    weights = self._heap.weights
+                    heap_extra["dirty_bytes"] = sum(weights.get(k, 0) for k in self._heap.dirty)
             h = self._stats.levels["heap"]
             total = self._hits + h.misses
             heap_extra["hit_ratio"] = self._hits / total if total else None
-            wb = {"pending": len(self._wb.buffer), "tombstones": len(self._wb.tombstones),
+            wb = {"pending": len(self._wb.buffer),
+                  "pending_bytes": sum(len(v) for p in self._wb.buffer.pending for v in p.values()),
+                  "tombstones": len(self._wb.tombstones),
                   "last_error": repr(self._wb.error) if self._wb.error else None}
             prefetch: dict[str, Any] = {}
             pf = self._prefetcher

@@ -45,10 +45,15 @@ class LatencyHistogram:
         return (1 << (_BUCKETS - 1)) / 1000.0
 
     def snapshot(self) -> dict[str, Any]:
+        last = max((i for i, n in enumerate(self.counts) if n), default=-1)
         return {
             "load_ms_p50": self.percentile(0.50),
             "load_ms_p99": self.percentile(0.99),
             "load_ms_mean": (self.sum_us / self.total / 1000.0) if self.total else None,
+            # The buckets themselves (bucket i: loads under 2**i µs), trailing empties cut, and
+            # the sum: what a Prometheus histogram needs (mlcache.metrics), even across processes.
+            "load_us_log2": self.counts[:last + 1],
+            "load_ms_sum": self.sum_us / 1000.0,
         }
 
 
