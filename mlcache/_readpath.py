@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from .errors import CacheError
+from .errors import CacheError, IntegrityError
 
 __all__ = ["ReadPath", "MISSING", "IMMUTABLE", "digest"]
 
@@ -137,8 +137,9 @@ class ReadPath:
         with self._lock:
             seq = wb.wseq
         if seq % 2 == 0:
-            found, timings = self._read_levels(keys)
-            decoded = self._decode_all(found)
+            origin: dict[bytes, str] = {}
+            found, timings = self._read_levels(keys, origin)
+            decoded = self._decode_all(found, origin)
             with self._lock:
                 if wb.wseq == seq:
                     self._resolve(keys, found, decoded, timings, out, ts, prefetch)
@@ -146,13 +147,16 @@ class ReadPath:
         # A write overlapped the read (an entry may have been between levels): read again
         # while no write can run.
         with wb.io_lock:
-            found, timings = self._read_levels(keys)
-            decoded = self._decode_all(found)
+            origin = {}
+            found, timings = self._read_levels(keys, origin)
+            decoded = self._decode_all(found, origin)
             with self._lock:
                 self._resolve(keys, found, decoded, timings, out, ts, prefetch)
 
-    def _read_levels(self, keys: list[bytes]) -> tuple[dict[bytes, bytes], list[tuple]]:
-        """First level holding each key answers; a level's buffer is consulted just above it."""
+    def _read_levels(self, keys: list[bytes], origin: dict[bytes, str] | None = None
+                     ) -> tuple[dict[bytes, bytes], list[tuple]]:
+        """First level holding each key answers; a level's buffer is consulted just above it.
+        ``origin`` (when given) receives the name of the level each found key came from."""
         found: dict[bytes, bytes] = {}
         timings = []
         remaining = keys
@@ -170,6 +174,8 @@ class ReadPath:
                             rest.append(kb)
                         else:
                             found[kb] = raw
+                            if origin is not None:
+                                origin[kb] = f"write-back buffer of {self._level_names[i]}"
                 remaining = rest
                 if not remaining:
                     break
@@ -182,18 +188,28 @@ class ReadPath:
                     rest.append(kb)
                 else:
                     found[kb] = raw
+                    if origin is not None:
+                        origin[kb] = self._level_names[i]
             timings.append((self._level_names[i], elapsed, len(remaining) - len(rest), len(rest)))
             remaining = rest
         return found, timings
 
-    def _decode_all(self, found: dict[bytes, bytes]) -> dict[bytes, Any]:
+    def _decode_all(self, found: dict[bytes, bytes],
+                    origin: dict[bytes, str] | None = None) -> dict[bytes, Any]:
         decode = self._codec.decode
         out = {}
         for kb, raw in found.items():
             try:
                 out[kb] = decode(raw)
             except CacheError as exc:
-                exc.key = self._describe_key(kb)
+                # Name where the bad bytes live, so the operator can inspect or delete them.
+                key = self._describe_key(kb)
+                level = origin.get(kb) if origin is not None else None
+                where = f"{level} level" if level else "a lower level"
+                if type(exc) is IntegrityError:
+                    raise IntegrityError(f"{where}, key {key!r}: {exc}", level=level,
+                                         key=key) from exc
+                exc.key, exc.level = key, level
                 raise
         return out
 
