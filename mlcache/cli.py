@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--quick", action="store_true", help="a smaller run")
     demo.add_argument("--redis", metavar="URL", help="add a Redis level: a URL or 'embedded'")
     demo.add_argument("--local", action="store_true", help="single process, no Spark")
+    demo.add_argument("--metrics-port", type=int, metavar="PORT",
+                      help="serve Prometheus metrics on 127.0.0.1:PORT while the job runs "
+                           "(read them with `mlcache stats --port PORT`)")
     _add_bench(sub)
     sim = sub.add_parser("simulate", help="replay a trace through policies", add_help=False)
     sim.add_argument("rest", nargs=argparse.REMAINDER)

@@ -101,7 +101,8 @@ def _state_size() -> int:
 
 def run_local(*, events: int = 300_000, cards: int = 75_000, redis: str | None = None,
               disk_path: str | None = None, heap_fraction: float = 0.1, zipf_s: float = 1.0,
-              progress: bool = True, seed: int = 7) -> DemoResult:
+              progress: bool = True, seed: int = 7,
+              metrics_port: int | None = None) -> DemoResult:
     """Run the job in this process and return its figures (``main`` prints them)."""
     from tqdm import tqdm
 
@@ -123,6 +124,12 @@ def run_local(*, events: int = 300_000, cards: int = 75_000, redis: str | None =
     tally = np.bincount(stream["card"], minlength=cards)
     alerts = 0
     cache = CacheManager(config)
+    metrics = None
+    if metrics_port is not None:
+        from .metrics import serve
+
+        metrics = serve(cache, metrics_port)
+        print(f"metrics: {metrics.url} (mlcache stats --port {metrics.port})", flush=True)
     try:
         cols = [stream[c].tolist() for c in ("card", "ts", "amount", "country")]
         bar = tqdm(total=events, unit="tx", disable=not progress, mininterval=0.5,
@@ -147,6 +154,8 @@ def run_local(*, events: int = 300_000, cards: int = 75_000, redis: str | None =
         mismatches = sum(1 for c in seen if got.get(("card", c), {}).get("n") != int(tally[c]))
         stats = cache.stats()
     finally:
+        if metrics is not None:
+            metrics.close()
         cache.close()
         if redis:
             from .levels.redis import RedisLevel
@@ -212,7 +221,8 @@ def _spark_demo() -> Any:
 
 
 def main(args: argparse.Namespace | None = None) -> int:
-    """Entry point of ``mlcache demo [--quick] [--redis URL|embedded] [--local]``."""
+    """Entry point of ``mlcache demo [--quick] [--redis URL|embedded] [--local]
+    [--metrics-port PORT]``."""
     quick = bool(getattr(args, "quick", False))
     redis = getattr(args, "redis", None) or os.environ.get("MLCACHE_DEMO_REDIS")
     if not getattr(args, "local", False):
@@ -223,6 +233,6 @@ def main(args: argparse.Namespace | None = None) -> int:
     where = "heap -> redis -> disk" if redis else "heap -> disk"
     print(f"mlcache demo: {size['events']:,} card transactions through {where}"
           f"{' (quick)' if quick else ''}", flush=True)
-    result = run_local(redis=redis, **size)
+    result = run_local(redis=redis, metrics_port=getattr(args, "metrics_port", None), **size)
     print(report(result), flush=True)
     return 0 if result.mismatches == 0 else 1

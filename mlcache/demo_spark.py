@@ -165,7 +165,8 @@ def run_pipeline(spark: Any, *, variant: str = "mlcache", events: int = 300_000,
                  cards: int = 75_000, batches: int = 15, partitions: int = 2,
                  heap_share: float = 0.05, redis: str | None = None, policy: str = "tac",
                  prefetch: bool = True, workdir: str | None = None,
-                 progress: bool = True, check: bool = True) -> PipelineResult:
+                 progress: bool = True, check: bool = True,
+                 metrics_port: int | None = None) -> PipelineResult:
     """Run the streaming job once. ``variant``: ``mlcache`` (each worker's heap holds
     ``heap_share`` of the cards), ``all-in-heap`` (the heap holds them all) or
     ``redis-only`` (no heap: every state access is a Redis round trip)."""
@@ -190,6 +191,13 @@ def run_pipeline(spark: Any, *, variant: str = "mlcache", events: int = 300_000,
                                            redis, f"mlcache-demo-{run_id}"),
                          prefetch=PrefetchConfig(enabled=prefetch))
     cache = SparkCache(config, name="fraud", collect_stats=True)
+    metrics = None
+    if metrics_port is not None:
+        # The driver serves what each worker's manager published, labelled by worker.
+        from .metrics import serve_stats
+
+        metrics = serve_stats(cache.worker_stats, metrics_port)
+        print(f"  metrics: {metrics.url} (mlcache stats --port {metrics.port})", flush=True)
     # Hints carry the worker's own clock (the default), not the transactions' timestamps: a
     # worker runs the partitions of a batch one after another, so event times go backwards
     # at every partition boundary, which a timestamp-ordered policy would misread.
@@ -250,6 +258,8 @@ def run_pipeline(spark: Any, *, variant: str = "mlcache", events: int = 300_000,
                             batch_seconds=batch_seconds, alerts=alerts_total,
                             mismatches=mismatches, heap_entries_per_worker=per_worker,
                             creations=cache.creations(), stats=_sum_stats(cache.worker_stats()))
+    if metrics is not None:
+        metrics.close()
     if own:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
@@ -297,7 +307,8 @@ def main(args: argparse.Namespace | None = None) -> int:
     spark = spark_session()
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
     try:
-        result = run_pipeline(spark, redis=redis, **size)
+        result = run_pipeline(spark, redis=redis,
+                              metrics_port=getattr(args, "metrics_port", None), **size)
     finally:
         spark.stop()
     print(report(result), flush=True)
