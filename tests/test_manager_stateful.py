@@ -37,7 +37,7 @@ VALUES = st.one_of(
     st.binary(max_size=12),
     st.none(),
 )
-SETTINGS = settings(max_examples=50, stateful_step_count=30, deadline=None,
+SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
                     suppress_health_check=list(HealthCheck))
 
 
