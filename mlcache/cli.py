@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("rest", nargs=argparse.REMAINDER)
     insp = sub.add_parser("inspect", help="entries and bytes per level of a config")
     insp.add_argument("config", help="a JSON file with a CacheConfig (see CacheConfig.from_dict)")
+    insp.add_argument("--json", action="store_true", help="print the figures as JSON")
+    insp.add_argument("--keys-only", action="store_true", help="count keys, do not read values")
     stats = sub.add_parser("stats", help="serve or read Prometheus metrics")
     stats.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
