@@ -155,10 +155,12 @@ class WriteBack:
                 self._stop.wait(_LINGER)
             while self._work_waiting() and not self._stop.is_set():
                 try:
-                    if len(self.buffer):
-                        self.drain_once()
-                    else:
+                    # Deletes first: they may free the room a full store of record needs for
+                    # the writes queued behind them (a key is never both tombstoned and queued).
+                    if self.tombstones:
                         self.flush_tombstones()
+                    else:
+                        self.drain_once()
                     attempt = 0
                     self.error = None
                     # Let a reader waiting for the I/O lock in before the next batch (the lock
@@ -272,6 +274,7 @@ class WriteBack:
     def drain_all(self) -> None:
         """Write everything buffered and every tombstone; raise if a level stays unavailable."""
         try:
+            self._with_retries(self.flush_tombstones)   # may free room for the writes below
             while len(self.buffer):
                 self._with_retries(self.drain_once)
             self._with_retries(self.flush_tombstones)
@@ -284,6 +287,8 @@ class WriteBack:
         """Called by a put after the buffer outgrew ``buffer_max``: write until it fits."""
         while len(self.buffer) > self.buffer_max:
             try:
+                if self.tombstones:
+                    self._with_retries(self.flush_tombstones)
                 self._with_retries(self.drain_once)
             except Exception as exc:
                 if isinstance(exc, CacheError):
