@@ -14,8 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from mlcache.config import ArenaConfig, CacheConfig
 from mlcache.errors import CapacityError, ConfigError, LevelUnavailableError
 from mlcache.levels import Level
-from mlcache.levels.arena import (BUFFER_OVERHEAD, ENTRY_OVERHEAD, LEVEL_OVERHEAD, ArenaLevel,
-                                  _ADDR, _CONTIG, _FREE)
+from mlcache.levels._blocks import _ADDR, _CONTIG, _FREE
+from mlcache.levels.arena import BUFFER_OVERHEAD, ENTRY_OVERHEAD, LEVEL_OVERHEAD, ArenaLevel
 
 KiB = 1 << 10
 

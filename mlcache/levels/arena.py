@@ -42,31 +42,19 @@ Reads copy exactly once, into the ``bytes`` the caller owns (``get_many``); :met
 """
 from __future__ import annotations
 
-import mmap
 import threading
-from array import array
-from collections import deque
 from typing import Any, Iterator, Sequence
 
 from ..config import ArenaConfig
 from ..errors import CapacityError, LevelUnavailableError
 from ..policies import get_policy
+from ._blocks import _ADDR, _CONTIG, _PAGE, BUFFER_OVERHEAD, BlockStore
 from .base import Victims
 
 __all__ = ["ArenaLevel", "ENTRY_OVERHEAD", "BUFFER_OVERHEAD", "LEVEL_OVERHEAD"]
 
 ENTRY_OVERHEAD = 448     # per entry besides len(key): index dict slot, key object, int, policy
-BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, memoryviews, list slots (+ 4 B/block)
 LEVEL_OVERHEAD = 16384   # the level object, its lists, lock and an empty policy
-
-_FREE = 0xFFFF
-_ADDR = 0xFFFFFFFF
-_CONTIG = 1 << 32
-_PAGE = mmap.PAGESIZE
-# Fault a new buffer's pages in with one call rather than one fault per page on first write
-# (about twice as fast here): the buffer is preallocated memory, as in Pravega.
-_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-
 
 def _as_view(value: Any, key: Any) -> Any:
     """A 1-D unsigned-byte view of a bytes-like ``value`` (bytes pass through unchanged)."""
@@ -78,7 +66,7 @@ def _as_view(value: Any, key: Any) -> Any:
     raise TypeError(f"arena values must be bytes-like, got {type(value).__name__} for key {key!r}")
 
 
-class ArenaLevel:
+class ArenaLevel(BlockStore):
     """Serialized entries in preallocated blocks, bounded to the byte (see the module doc)."""
 
     shared = False
@@ -96,22 +84,10 @@ class ArenaLevel:
         floor = max(_PAGE // bs * bs, 2 * bs)
         size = min(cfg.buffer_size, max(floor, (self.max_bytes // 8) // bs * bs))
         self.buffer_size = size
-        bpb = self.blocks_per_buffer = size // bs
-        self._shift = (bpb - 1).bit_length()
-        self._mask = (1 << self._shift) - 1
-        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes)
-        self._buffer_cost = -(-size // _PAGE) * _PAGE + BUFFER_OVERHEAD + 4 * bpb
+        self._init_blocks(bs, size, BUFFER_OVERHEAD)
+        bpb = self.blocks_per_buffer
         self._lock = threading.Lock()
         self._closed = False
-        self._maps: list[mmap.mmap] = []
-        self._views: list[memoryview] = []
-        self._prev: list[memoryview] = []
-        self._len: list[memoryview] = []
-        self._next: list[memoryview] = []
-        self._free_head: list[int] = []
-        self._free_count: list[int] = []
-        self._nonfull: deque[int] = deque()
-        self._free_blocks = 0
         self._used_blocks = 0
         self._index: dict[bytes, int] = {}
         self._index_bytes = 0
@@ -120,13 +96,6 @@ class ArenaLevel:
         # the fixed charge grows with the block tables below (12 bytes per block of a buffer)
         self._fixed = LEVEL_OVERHEAD + 12 * bpb
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
-        self._fresh_next = array("H", [0, *range(2, bpb), 0])
-        self._fresh_len = array("H", [_FREE]) * bpb
-        self._free_lens = memoryview(self._fresh_len)
-        self._full_lens = memoryview(array("H", [bs]) * bpb)
-        self._zeros = memoryview(array("I", [0]) * bpb)
-        self._succ = memoryview(array("H", range(1, bpb + 1)))
-        self._addrs: list[memoryview] = []         # per buffer: the address of each block
         self._policy = get_policy(cfg.policy)(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
         self._access = self._policy.access
@@ -191,165 +160,6 @@ class ArenaLevel:
             level=self.name, key=key)
 
     # -- buffers and blocks -------------------------------------------------------------------
-
-    def _new_buffer(self) -> None:
-        bpb = self.blocks_per_buffer
-        m = mmap.mmap(-1, self.buffer_size, flags=_MAP_FLAGS)
-        view = memoryview(m)
-        prev = view[0:4 * bpb].cast("I")
-        lens = view[4 * bpb:6 * bpb].cast("H")
-        nxt = view[6 * bpb:8 * bpb].cast("H")
-        lens[:] = self._fresh_len
-        nxt[:] = self._fresh_next
-        self._nonfull.append(len(self._maps))
-        self._maps.append(m)
-        self._views.append(view)
-        self._prev.append(prev)
-        self._len.append(lens)
-        self._next.append(nxt)
-        base = len(self._addrs) << self._shift
-        self._addrs.append(memoryview(array("I", range(base, base + bpb))))
-        self._free_head.append(1)
-        self._free_count.append(bpb - 1)
-        self._free_blocks += bpb - 1
-        self._allocated += self._buffer_cost
-        self._index_room -= self._buffer_cost
-
-    def _chain(self, data: Any, pos: int, end: int, prev: int) -> int:
-        """Write ``data[pos:end]`` into new blocks chained after ``prev`` (0: a new entry).
-
-        Returns the last address, with ``_CONTIG`` set if every new block directly follows its
-        predecessor. Takes at least one block (an empty entry still needs an address); the
-        caller has made room. Free blocks that follow each other are taken as one run: one
-        copy for the data and slice assignments for their metadata, not a loop per block.
-        """
-        bs = self.block_size
-        shift = self._shift
-        nonfull = self._nonfull
-        full = self._full_lens
-        contig = _CONTIG
-        taken = 0
-        while True:
-            if not nonfull:
-                self._new_buffer()
-            b = nonfull[0]
-            head = self._free_head[b]
-            count = self._free_count[b]
-            nxt = self._next[b]
-            lens = self._len[b]
-            prevs = self._prev[b]
-            view = self._views[b]
-            base = b << shift
-            done = False
-            while count:
-                want = (end - pos + bs - 1) // bs or 1
-                if want > count:
-                    want = count
-                i = j = head                   # the run is i..j
-                while j - i + 1 < want and nxt[j] == j + 1:
-                    j += 1
-                k = j - i + 1
-                head = nxt[j]
-                count -= k
-                taken += k
-                nbytes = end - pos
-                if nbytes > k * bs:
-                    nbytes = k * bs
-                off = i * bs
-                view[off:off + nbytes] = data[pos:pos + nbytes]
-                if k > 1:
-                    lens[i:j] = full[:k - 1]
-                    prevs[i + 1:j + 1] = self._addrs[b][i:j]
-                lens[j] = nbytes - (k - 1) * bs
-                prevs[i] = prev
-                if prev and base + i != prev + 1:
-                    contig = 0
-                prev = base + j
-                pos += nbytes
-                if pos >= end:
-                    done = True
-                    break
-            self._free_head[b] = head
-            self._free_count[b] = count
-            if not count:
-                nonfull.popleft()
-            if done:
-                self._free_blocks -= taken
-                return prev | contig
-
-    def _release(self, packed: int) -> None:
-        """Return every block of the entry ``packed`` to its buffer's free list.
-
-        The free list is rebuilt so that it hands the blocks out again in their original order
-        (head = first block), so a same-sized rewrite stays contiguous. A contiguous entry is
-        freed with slice assignments; a scattered one block by block, walking back.
-        """
-        shift = self._shift
-        mask = self._mask
-        addr = packed & _ADDR
-        if packed & _CONTIG:
-            b = addr >> shift
-            j = addr & mask
-            k = ((packed >> 33) + self.block_size - 1) // self.block_size or 1
-            i = j - k + 1
-            nxt = self._next[b]
-            self._len[b][i:j + 1] = self._free_lens[:k]
-            self._prev[b][i:j + 1] = self._zeros[:k]
-            if k > 1:
-                nxt[i:j] = self._succ[i:j]
-            nxt[j] = self._free_head[b]
-            self._free_head[b] = i
-            count = self._free_count[b]
-            if not count:
-                self._nonfull.append(b)
-            self._free_count[b] = count + k
-            self._free_blocks += k
-            return
-        freed = 0
-        while addr:
-            b = addr >> shift
-            i = addr & mask
-            prevs = self._prev[b]
-            addr = prevs[i]
-            self._len[b][i] = _FREE
-            prevs[i] = 0
-            self._next[b][i] = self._free_head[b]
-            self._free_head[b] = i
-            count = self._free_count[b]
-            if not count:
-                self._nonfull.append(b)
-            self._free_count[b] = count + 1
-            freed += 1
-        self._free_blocks += freed
-
-    def _segments(self, packed: int) -> list[memoryview]:
-        bs = self.block_size
-        shift = self._shift
-        mask = self._mask
-        views = self._views
-        prevs = self._prev
-        addr = packed & _ADDR
-        b = addr >> shift
-        i = addr & mask
-        off = i * bs
-        parts = [views[b][off:off + self._len[b][i]]]
-        addr = prevs[b][i]
-        while addr:
-            b = addr >> shift
-            i = addr & mask
-            off = i * bs
-            parts.append(views[b][off:off + bs])
-            addr = prevs[b][i]
-        parts.reverse()
-        return parts
-
-    def _read(self, packed: int) -> bytes:
-        if packed & _CONTIG:
-            size = packed >> 33
-            addr = packed & _ADDR
-            off = ((addr & self._mask) - (size - 1) // self.block_size) * self.block_size
-            return self._maps[addr >> self._shift][off:off + size]
-        return b"".join(self._segments(packed))
 
     def _drop(self, key: bytes, packed: int) -> None:
         """Forget ``key`` (the policy already has) and free its blocks."""
@@ -662,21 +472,8 @@ class ArenaLevel:
             self._closed = True
             self._index.clear()
             self._lookup = self._closed_lookup
-            self._addrs.clear()
-            for group in (self._prev, self._len, self._next, self._views):
-                for view in group:
-                    view.release()
-                group.clear()
-            for m in self._maps:
-                try:
-                    m.close()
-                except BufferError:
-                    pass    # a caller still holds a view(); the mapping goes with that view
-            self._maps.clear()
-            self._nonfull.clear()
-            self._free_head.clear()
-            self._free_count.clear()
-            self._free_blocks = self._used_blocks = self._allocated = 0
+            self._unmap()
+            self._used_blocks = self._allocated = 0
             self._index_bytes = self._data_bytes = 0
             self._index_room = self.max_bytes - self._fixed
 
