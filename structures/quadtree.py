@@ -652,6 +652,14 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             raise ValueError(f"quadtree {self._name!r} exists with bounds "
                              f"{tuple(meta['bounds'])}, not {tuple(bounds)}")
 
+    def drop(self) -> None:
+        # Node ids are handed out in order, so every node that ever existed is below
+        # ``next``: delete them blindly rather than list the namespace, which scans every
+        # level (a Redis SCAN over the whole key space) on each roll of a window.
+        self._ns.delete_many(list(range(int(self._meta.get("next", 1)))))
+        self._metans.delete((self.kind, self._name))
+        self._meta = self._empty_meta()
+
     def __repr__(self) -> str:
         return (f"<CacheableQuadtree {self._name!r} len={self._meta.get('len', 0)} "
                 f"bounds={tuple(self._meta.get('bounds', ()))}>")

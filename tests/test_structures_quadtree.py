@@ -200,3 +200,16 @@ def test_nested_dict_of_lists_of_sets_survives_eviction_and_reopen(level_kind, t
         assert outer["user5"][3] == model["user5"][3]
         outer["user5"][3].discard("tag3")
         assert "tag3" not in m.dict("outer")["user5"][3]
+
+
+def test_drop_deletes_every_node_and_the_tree_is_reusable(tmp_path):
+    with CacheManager(tiny_config("disk", str(tmp_path / "d"), None)) as m:
+        qt = m.quadtree("window", BOUNDS, capacity=2)
+        qt.insert_many([(float(i), float(i * 3 % 64), i) for i in range(40)])
+        qt.remove(1.0, 3.0)
+        qt.drop()
+        m.checkpoint()
+        assert list(m.namespace("quadtree:window").keys()) == []
+        assert len(qt) == 0 and qt.range(0, 0, 64, 64) == [] and qt.verify() == 0
+        qt.insert(1.0, 1.0, "again")
+        assert [p.data for p in qt] == ["again"] and qt.verify() == 1

@@ -277,9 +277,9 @@ def match_planted(events: list[tuple], planted: list[Burst]) -> list[Burst]:
 # -- the benchmark ---------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--intervals", type=int, help="number of intervals (default 40, quick 20)")
+    parser.add_argument("--intervals", type=int, help="number of intervals (default 40, quick 16)")
     parser.add_argument("--posts", type=int, help="background posts per interval "
-                                                   "(default 8000, quick 3000)")
+                                                   "(default 8000, quick 2500)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--policy", default="lru", help="heap policy of the bounded variants")
     parser.add_argument("--repeat", type=int, help="timed runs per variant, best kept "
@@ -317,8 +317,8 @@ def run(args: argparse.Namespace) -> BenchReport:
     from mlcache.structures import PlainQuadtree
 
     quick = bool(getattr(args, "quick", False))
-    intervals = args.intervals or (20 if quick else 40)
-    posts = args.posts or (3000 if quick else 8000)
+    intervals = args.intervals or (16 if quick else 40)
+    posts = args.posts or (2500 if quick else 8000)
     repeat = args.repeat or (2 if quick else 3)
     history = 6
     stream, planted, decoys = synthetic_stream(intervals, posts, 3 if quick else 6,
