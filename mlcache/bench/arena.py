@@ -253,20 +253,32 @@ def _best(phase: str, variant: str, *params: int, reps: int = 2) -> dict[str, fl
 # -- levels: the Level API, one entry per call ---------------------------------------------------
 
 def _level_ops(level: Any, n: int, values: list[memoryview]) -> dict[str, float]:
+    """Per-op wall time of put/get/delete, one key per call: the best batch of 50 ops.
+
+    The fastest batch is the cost of the operation itself; slower ones were preempted (the
+    machine is shared), and that hits a 2 us arena op harder than a 50 us Redis round trip.
+    """
     keys = [b"lvl-%07d" % i for i in range(n)]
     items = [(k, bytes(values[i % len(values)])) for i, k in enumerate(keys)]
-    t0 = time.perf_counter()
-    for item in items:
-        level.put_many([item])
-    t1 = time.perf_counter()
-    for k in keys:
-        level.get_many([k])
-    t2 = time.perf_counter()
-    for k in keys:
-        level.delete_many([k])
-    t3 = time.perf_counter()
-    return {"insert": (t1 - t0) / n * 1e9, "get": (t2 - t1) / n * 1e9,
-            "delete": (t3 - t2) / n * 1e9}
+    best = {"insert": math.inf, "get": math.inf, "delete": math.inf}
+    clock = time.perf_counter
+    for lo in range(0, n, 50):
+        batch_items, batch_keys = items[lo:lo + 50], keys[lo:lo + 50]
+        t0 = clock()
+        for item in batch_items:
+            level.put_many([item])
+        t1 = clock()
+        for k in batch_keys:
+            level.get_many([k])
+        t2 = clock()
+        for k in batch_keys:
+            level.delete_many([k])
+        t3 = clock()
+        m = len(batch_keys)
+        best["insert"] = min(best["insert"], (t1 - t0) / m * 1e9)
+        best["get"] = min(best["get"], (t2 - t1) / m * 1e9)
+        best["delete"] = min(best["delete"], (t3 - t2) / m * 1e9)
+    return best
 
 
 def _levels(n: int) -> dict[str, dict[str, float]]:
