@@ -13,7 +13,8 @@ from mlcache.manager import register_structure
 from .base import Cacheable, StructureRef, list_structures, open_structure
 from .dict import CacheableDict
 from .list import CacheableList
-from .quadtree import CacheableQuadtree, PlainQuadtree, Point
+from ._quadtree_plain import PlainQuadtree
+from .quadtree import CacheableQuadtree, Point
 from .set import CacheableSet
 from .window import Aggregate, SharedWindows, SlidingWindow
 

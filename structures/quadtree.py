@@ -33,79 +33,23 @@ touched nodes with one ``put_many``, so a cold tree costs one round trip per lev
 node. ``insert_many`` routes a whole batch down together: each node on the way is read and
 written once per batch instead of once per point, which is how a stream job should feed it.
 
-:class:`PlainQuadtree` is the very same code over a plain ``dict`` of nodes whose leaves hold
-plain lists, the all-in-heap baseline of ``mlcache bench events``.
+:class:`~mlcache.structures.PlainQuadtree` (in ``_quadtree_plain``) is the very same code over
+a plain ``dict`` of nodes, the all-in-heap baseline of ``mlcache bench events``.
 """
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
-from mlcache.codec import Codec
-
+from ._quadtree_geometry import ANY as _ANY
+from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, TMIN, X0, X1, Y0, Y1, Point,
+                                 _check_bounds, _child_bounds, _min_of, _min_ts, _mindist2,
+                                 _quadrant, _quadtree_meta, _recs)
+from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
 from .base import Cacheable
 
-__all__ = ["CacheableQuadtree", "PlainQuadtree", "Point"]
-
-X0, Y0, X1, Y1, DEPTH, COUNT, KIDS, PTS, TMIN = range(9)
-ROOT = 0
-# A cacheable tree's node entry is one msgpack blob (types kept exactly, never pickled).
-_NODE_CODEC = Codec(allow_pickle=False)
-_ANY: Any = object()
-
-
-class Point(NamedTuple):
-    x: float
-    y: float
-    data: Any = None
-    ts: float | None = None
-
-
-def _check_bounds(bounds: Any) -> list[float]:
-    try:
-        x0, y0, x1, y1 = (float(v) for v in bounds)
-    except (TypeError, ValueError):
-        raise ValueError(f"bounds must be (x0, y0, x1, y1), got {bounds!r}") from None
-    if not all(math.isfinite(v) for v in (x0, y0, x1, y1)) or not (x0 < x1 and y0 < y1):
-        raise ValueError(f"bounds must be finite with x0 < x1 and y0 < y1, got {bounds!r}")
-    return [x0, y0, x1, y1]
-
-
-def _min_ts(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a < b else b
-
-
-def _recs(pts: list) -> Iterator[tuple]:
-    """The ``(x, y, data, ts)`` records of a leaf's flat point list."""
-    return zip(pts[0::4], pts[1::4], pts[2::4], pts[3::4])
-
-
-def _min_of(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return min(present) if present else None
-
-
-def _quadrant(node: list, x: float, y: float) -> int:
-    return (x >= (node[X0] + node[X1]) * 0.5) | ((y >= (node[Y0] + node[Y1]) * 0.5) << 1)
-
-
-def _child_bounds(node: list, q: int) -> tuple[float, float, float, float]:
-    mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
-    x0, x1 = (mx, node[X1]) if q & 1 else (node[X0], mx)
-    y0, y1 = (my, node[Y1]) if q & 2 else (node[Y0], my)
-    return x0, y0, x1, y1
-
-
-def _mindist2(node: list, x: float, y: float) -> float:
-    dx = node[X0] - x if x < node[X0] else (x - node[X1] if x > node[X1] else 0.0)
-    dy = node[Y0] - y if y < node[Y0] else (y - node[Y1] if y > node[Y1] else 0.0)
-    return dx * dx + dy * dy
+__all__ = ["CacheableQuadtree", "Point"]
 
 
 class _QuadtreeOps:
@@ -603,18 +547,6 @@ class _QuadtreeOps:
         return nodes
 
 
-def _quadtree_meta(bounds: Any, capacity: int, max_depth: int) -> dict[str, Any]:
-    if bounds is None:
-        raise ValueError("a new quadtree needs bounds=(x0, y0, x1, y1)")
-    b = _check_bounds(bounds)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
-        raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
-    return {"len": 0, "bounds": b, "capacity": capacity, "max_depth": max_depth,
-            "next": 1, "nodes": 1}
-
-
 class CacheableQuadtree(_QuadtreeOps, Cacheable):
     """A quadtree whose nodes live in the cache levels.
 
@@ -663,65 +595,3 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
     def __repr__(self) -> str:
         return (f"<CacheableQuadtree {self._name!r} len={self._meta.get('len', 0)} "
                 f"bounds={tuple(self._meta.get('bounds', ()))}>")
-
-
-class _DictNodes(dict):
-    """The node store of :class:`PlainQuadtree`: the namespace calls over a plain dict."""
-
-    def get_many(self, keys: Iterable[int]) -> dict[int, list]:
-        return {k: self[k] for k in keys if k in self}
-
-    def put(self, key: int, value: list) -> None:
-        self[key] = value
-
-    def put_many(self, items: Iterable[tuple[int, list]]) -> None:
-        self.update(items)
-
-    def delete_many(self, keys: Iterable[int]) -> None:
-        for k in keys:
-            self.pop(k, None)
-
-
-class PlainQuadtree(_QuadtreeOps):
-    """The same quadtree with its nodes in a plain ``dict``: all state in the heap as live
-    Python objects, no cache. The baseline the cacheable tree is measured against; with
-    ``packed=True`` each node is kept as the same msgpack blob the cacheable tree stores."""
-
-    def __init__(self, bounds: Any, capacity: int = 32, max_depth: int = 16, *,
-                 packed: bool = False) -> None:
-        self._packed = packed
-        self._meta = _quadtree_meta(bounds, capacity, max_depth)
-        self._ns = _DictNodes()
-
-    def _save_meta(self) -> None:
-        pass
-
-    def _store(self, value: Any) -> Any:
-        return value
-
-    def _load(self, value: Any) -> Any:
-        return value
-
-    def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
-        if self._packed:
-            return CacheableQuadtree._nodes(self, ids)  # type: ignore[arg-type]
-        return self._ns.get_many(ids)
-
-    def _node(self, nid: int) -> list | None:
-        if self._packed:
-            return CacheableQuadtree._node(self, nid)  # type: ignore[arg-type]
-        return self._ns.get(nid)
-
-    def _keep(self, items: Iterable[tuple[int, list]]) -> None:
-        if self._packed:
-            CacheableQuadtree._keep(self, items)  # type: ignore[arg-type]
-        else:
-            self._ns.put_many(items)
-
-    @staticmethod
-    def _check_data(values: list) -> None:
-        pass
-
-    def drop(self) -> None:
-        self._ns.clear()
-        self._meta.update(len=0, nodes=1, next=1)
