@@ -56,6 +56,7 @@ __all__ = ["ArenaLevel", "ENTRY_OVERHEAD", "BUFFER_OVERHEAD", "LEVEL_OVERHEAD"]
 ENTRY_OVERHEAD = 448     # per entry besides len(key): index dict slot, key object, int, policy
 LEVEL_OVERHEAD = 16384   # the level object, its lists, lock and an empty policy
 
+
 def _as_view(value: Any, key: Any) -> Any:
     """A 1-D unsigned-byte view of a bytes-like ``value`` (bytes pass through unchanged)."""
     if type(value) is bytes:
