@@ -36,9 +36,12 @@ __all__ = ["run", "available_benchmarks", "render_report", "plot_report", "main"
 # The order of DESIGN §9; Spark last since it is the slowest to start.
 ORDER = ("levels", "policies", "prefetch", "events", "windows", "dedup", "arena", "spark")
 
-# Result columns worth a plot, best first; anything numeric fills the remaining panels.
-_PREFERRED = ("throughput", "ops_per_s", "hit_ratio", "p999_ms", "p99_ms", "p50_ms", "slowdown",
-              "cpu_slowdown", "wall_slowdown", "store_writes", "seconds", "bytes")
+# Result columns worth a plot, best first (a substring match ranks a column); workload sizes
+# and other parameters are never plotted.
+_PREFERRED = ("hit", "throughput", "ops_per_s", "slowdown", "p999", "p99", "p50", "per_key_us",
+              "store_writes", "seconds")
+_PARAMETERS = {"capacity", "requests", "keys", "ops", "accesses", "events", "cards", "batches",
+               "intervals", "updates", "seed", "depth", "n", "size", "paper"}
 _PANELS = 3
 _MAX_ROWS = 24
 
@@ -200,6 +203,11 @@ def render_report(src: Path, page: Path) -> Path:
 
     kind = "quick (`--quick`, smaller scale: smoke figures, not the ones to quote)" if \
         meta.get("quick") else "full"
+    done = {r["benchmark"] for r in reports} | set(meta.get("failures", {}))
+    pending = [n for n in meta.get("benchmarks", []) if n not in done]
+    if pending:
+        kind += (f" — **incomplete**: {len(done)} of {len(done) + len(pending)} benchmarks "
+                 f"finished; not run yet: {', '.join(pending)}")
     lines = [
         "# Benchmark results",
         "",
@@ -224,6 +232,8 @@ def render_report(src: Path, page: Path) -> Path:
                        f"| {_cell(data.get('seconds'))} |")
     for name in meta.get("failures", {}):
         summary.append(f"| {name} | failed (see below) | |")
+    for name in pending:
+        summary.append(f"| {name} | not run | |")
     lines += ["## Summary", "", *summary, ""]
 
     for data in reports:
@@ -270,12 +280,28 @@ def _labels(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def _plot_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     cols = [c for c in _columns(rows)
-            if sum(_numeric(r.get(c)) for r in rows) >= max(1, len(rows) // 2)
+            if c not in _PARAMETERS
+            and sum(_numeric(r.get(c)) for r in rows) >= max(2, len(rows) // 3)
             and len({r.get(c) for r in rows if _numeric(r.get(c))}) > 1]
-    ranked = [c for p in _PREFERRED for c in cols if c == p]
-    ranked += [c for p in _PREFERRED for c in cols if p in c and c not in ranked]
+    ranked: list[str] = []
+    for p in _PREFERRED:
+        ranked += [c for c in cols if p in c and c not in ranked]
     ranked += [c for c in cols if c not in ranked]
     return ranked[:_PANELS]
+
+
+def _margin(goal: dict[str, Any]) -> float:
+    """How far a goal is from its target, relative, clipped to [-1, 1]: > 0 met with room,
+    < 0 missed, 0 exactly on target (ratios to the target break down for targets near 0)."""
+    v, t, op = float(goal["value"]), float(goal["target"]), goal["op"]
+    scale = max(abs(v), abs(t), 1e-12)
+    if op in (">=", ">"):
+        m = (v - t) / scale
+    elif op in ("<=", "<"):
+        m = (t - v) / scale
+    else:
+        m = -abs(v - t) / scale
+    return max(-1.0, min(1.0, m))
 
 
 def plot_report(data: dict[str, Any], path: Path) -> bool:
@@ -288,7 +314,7 @@ def plot_report(data: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    goals = [g for g in data.get("goals", []) if float(g["target"]) != 0]
+    goals = list(data.get("goals", []))
     rows = list(data.get("results", []))[:_MAX_ROWS]
     cols = _plot_columns(rows) if rows else []
     panels = (1 if goals else 0) + len(cols)
@@ -299,26 +325,31 @@ def plot_report(data: dict[str, Any], path: Path) -> bool:
     ax_iter = iter(axes[0])
     if goals:
         ax = next(ax_iter)
-        ratios = [float(g["value"]) / float(g["target"]) for g in goals]
+        margins = [_margin(g) for g in goals]
         colors = ["#2e7d32" if _met(g) else "#c62828" for g in goals]
         names = [_short(g["name"], 38) for g in goals]
-        ax.barh(range(len(goals)), ratios, color=colors)
-        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.barh(range(len(goals)), margins, color=colors)
+        ax.scatter(margins, range(len(goals)), color=colors, s=12, zorder=3)
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_xlim(-1.05, 1.05)
         ax.set_yticks(range(len(goals)), names, fontsize=7)
         ax.invert_yaxis()
-        ax.set_title("goals: measured / target\n(green met, red not met)", fontsize=8)
+        ax.set_title("goals: relative margin to target\n(right of 0 and green: met)",
+                     fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
     labels = [_short(s, 30) for s in _labels(rows)]
     for i, col in enumerate(cols):
         ax = next(ax_iter)
         vals = [float(r[col]) if _numeric(r.get(col)) else 0.0 for r in rows]
         ax.barh(range(len(rows)), vals, color="#1565c0")
-        ax.set_yticks(range(len(rows)), labels if i == 0 or not goals else labels, fontsize=7)
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_title(col, fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle(f"mlcache bench {data['benchmark']}{' (quick)' if data.get('quick') else ''}",
-                 fontsize=10)
+    shown = len(data.get("results", []))
+    cut = f" — first {len(rows)} of {shown} result rows" if shown > len(rows) and cols else ""
+    fig.suptitle(f"mlcache bench {data['benchmark']}{' (quick)' if data.get('quick') else ''}"
+                 f"{cut}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
