@@ -31,17 +31,18 @@ def test_render_writes_page_plots_and_raw(tmp_path):
     run_dir = tmp_path / "run"
     meta = {"date": "2026-01-01T00:00:00+00:00", "machine": "2 cores test", "quick": True,
             "benchmarks": ["levels", "policies", "arena", "spark"],
-            "failures": {"spark": "Traceback ...\nRuntimeError: no Java"}}
+            "failures": {"spark": "Traceback ...\nRuntimeError: no Java"},
+            "notes": ["two sessions merged"]}
     bench_all.write_raw(run_dir, meta, _reports(), {"levels": "table\n"})
     assert (run_dir / "logs" / "levels.log").read_text() == "table\n"
 
     page = bench_all.render_report(run_dir, run_dir / "report.md")
     text = page.read_text()
     assert "2 cores test" in text and "2026-01-01" in text and "quick" in text
-    assert "| [levels](#levels) | 1 / 2 |" in text
+    assert "| [levels](#levels) | 1 / 2 |" in text and "| spark | failed (see below) | | |" in text
     assert "| heap hit throughput / cachetools | 0.42 | >= 0.4 | met |" in text
     assert "| slowdown at 10% heap | 2.50 | <= 2.00 | **not met** |" in text
-    assert "RuntimeError: no Java" in text and "| spark | failed" in text
+    assert "RuntimeError: no Java" in text and "> two sessions merged" in text
     assert "synthetic \\| with a pipe" not in text and "synthetic | with a pipe" in text
     for name in ("levels", "policies"):
         png = run_dir / "plots" / f"{name}.png"

@@ -224,16 +224,18 @@ def render_report(src: Path, page: Path) -> Path:
         "shared machine; the raw JSON of each is in `raw/` next to this page.",
         "",
     ]
-    summary = ["| benchmark | goals met | seconds |", "|---|---|---|"]
+    for note in meta.get("notes", []):
+        lines += [f"> {note}", ""]
+    summary = ["| benchmark | goals met | seconds | finished |", "|---|---|---|---|"]
     for data in reports:
         goals = data.get("goals", [])
         met = sum(_met(g) for g in goals)
         summary.append(f"| [{data['benchmark']}](#{data['benchmark']}) | {met} / {len(goals)} "
-                       f"| {_cell(data.get('seconds'))} |")
+                       f"| {_cell(data.get('seconds'))} | {data.get('date', '')} |")
     for name in meta.get("failures", {}):
-        summary.append(f"| {name} | failed (see below) | |")
+        summary.append(f"| {name} | failed (see below) | | |")
     for name in pending:
-        summary.append(f"| {name} | not run | |")
+        summary.append(f"| {name} | not run | | |")
     lines += ["## Summary", "", *summary, ""]
 
     for data in reports:
