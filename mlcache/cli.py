@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .sim.cli import main as sim_main
 
         return sim_main(args_list[1:])
+    if args_list[:1] == ["stats"]:
+        from .stats_cli import main as stats_main
+
+        return stats_main(args_list[1:])
     parser = argparse.ArgumentParser(prog="mlcache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the main demo job on the embedded default")
@@ -78,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     insp.add_argument("config", help="a JSON file with a CacheConfig (see CacheConfig.from_dict)")
     insp.add_argument("--json", action="store_true", help="print the figures as JSON")
     insp.add_argument("--keys-only", action="store_true", help="count keys, do not read values")
-    stats = sub.add_parser("stats", help="serve or read Prometheus metrics")
+    stats = sub.add_parser("stats", help="read a running exporter's Prometheus metrics",
+                           add_help=False)
     stats.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
 

@@ -9,6 +9,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
+from mlcache.cli import main as cli_main
 from mlcache.demo import run_local
 from mlcache.metrics import serve, serve_stats
 from mlcache.stats_cli import main as stats_main
@@ -134,8 +135,10 @@ def test_stats_cli_prints_levels(tmp_path, capsys):
         assert stats_main(["--url", server.url]) == 0
         out = capsys.readouterr().out
         assert "heap" in out and "disk" in out and "hits" in out
-        assert stats_main(["--port", str(server.port), "--raw"]) == 0
+        assert cli_main(["stats", "--port", str(server.port), "--raw"]) == 0
         assert "mlcache_hits_total" in capsys.readouterr().out
+        assert cli_main(["stats", "--url", server.url, "--json"]) == 0
+        assert '"heap"' in capsys.readouterr().out
         summary = summarize(urllib.request.urlopen(server.url).read().decode())
         assert summary["levels"]["heap"]["hits"] >= 1
     assert stats_main(["--port", str(_free_port())]) == 1     # nothing listening
