@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     reports: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     logs: dict[str, str] = {}
+
     def meta() -> dict[str, Any]:
         return {"date": started, "machine": machine_description(), "quick": quick,
                 "benchmarks": names, "failures": failures}
@@ -101,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
             if data is None:
                 failures[name] = log[-3000:]
                 tqdm.write(f"mlcache bench {name}: FAILED after {seconds:.0f} s", file=sys.stderr)
-                continue
-            reports.append(data)
-            tqdm.write(_as_report(data).format() + f"\n({seconds:.0f} s)\n")
+            else:
+                reports.append(data)
+                tqdm.write(_as_report(data).format() + f"\n({seconds:.0f} s)\n")
+                sys.stdout.flush()
             if getattr(args, "report", None):
                 # Stored as each one finishes, so an interrupted run still leaves the finished ones.
                 write_raw(Path(args.report), meta(), reports, logs)
