@@ -4,7 +4,9 @@ The benchmarks themselves are not run here (each has its own ``--quick`` smoke r
 """
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 
 from mlcache.bench import all as bench_all
 from mlcache.bench._report import BenchReport
@@ -74,3 +76,30 @@ def test_failed_child_is_reported_not_raised(tmp_path, monkeypatch):
                                                    "print('boom'); raise SystemExit(3)"])
     data, log, seconds = bench_all._run_one("levels", True, tmp_path)
     assert data is None and "boom" in log and "exit status 3" in log and seconds >= 0
+
+
+def test_run_collects_children_and_writes_report(tmp_path, monkeypatch, capsys):
+    # The whole `mlcache bench all --quick --report DIR --json PATH` loop, with children that
+    # write a small report instead of running a real benchmark (those have their own smoke runs).
+    script = ("import json, sys\n"
+              "from mlcache.bench._report import BenchReport\n"
+              "name, path = sys.argv[1], sys.argv[2]\n"
+              "if name == 'dedup': raise SystemExit('dedup broke')\n"
+              "r = BenchReport(name, quick=True)\n"
+              "r.result('baseline', throughput=10.0); r.result('mlcache', throughput=8.0)\n"
+              "r.goal('mlcache / baseline', 0.8, '>=', 0.5)\n"
+              "json.dump(r.to_dict(), open(path, 'w'))\n")
+    monkeypatch.setattr(bench_all, "_child_command",
+                        lambda name, quick, path: [sys.executable, "-c", script, name, str(path)])
+    args = argparse.Namespace(quick=True, report=str(tmp_path / "rep"),
+                              json=str(tmp_path / "all.json"), only=["levels", "dedup", "arena"])
+    assert bench_all.run(args) == 1                       # one benchmark failed
+    out = capsys.readouterr().out
+    assert "mlcache bench levels (quick)" in out and "[met] mlcache / baseline" in out
+    page = (tmp_path / "rep" / "report.md").read_text()
+    assert "quick" in page and "| [arena](#arena) | 1 / 1 |" in page
+    assert "dedup broke" in page
+    combined = json.loads((tmp_path / "all.json").read_text())
+    assert [r["benchmark"] for r in combined["reports"]] == ["levels", "arena"]
+    assert set(combined["failures"]) == {"dedup"}
+    assert (tmp_path / "rep" / "plots" / "levels.png").exists()
