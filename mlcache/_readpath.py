@@ -9,19 +9,94 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from .errors import CacheError, IntegrityError
 
-__all__ = ["ReadPath", "MISSING", "IMMUTABLE", "digest"]
+__all__ = ["ReadPath", "MISSING", "IMMUTABLE", "Digests", "digest", "same_bytes"]
 
 MISSING: Any = object()
 IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None), complex))
+_KEEP_RAW_MIN = 16 * 1024   # encodings at least this long are kept a while instead of hashed
 
 
 def digest(data: bytes) -> tuple[int, int]:
     # In-process only, so the salted built-in hash is fine and far cheaper than a crypto hash.
     return len(data), hash(data)
+
+
+def same_bytes(stored: Any, raw: bytes) -> bool:
+    """Whether ``raw`` (a fresh encoding) equals what ``stored`` remembers: the encoding itself
+    (compared byte for byte) or its :func:`digest`."""
+    if type(stored) is bytes:
+        return stored == raw
+    return bool(digest(raw) == stored)
+
+
+class Digests:
+    """What mutation tracking remembers of each clean heap entry's encoding.
+
+    A digest costs a pass over the bytes (about 1 ms per MB here, as much as a CRC32 of the
+    value), and it is wasted when the entry is written again before anyone compares: the usual
+    get, change, put cycle. So a large encoding is first kept as it is (the bytes were just read
+    or written; keeping them is free) and hashed only when it is pushed out of a small byte
+    budget, oldest first; a put or delete of the key drops it without hashing. Comparing a kept
+    encoding is a byte comparison, exact. Small encodings are hashed at once (it is cheap).
+    Lock held for every call (the manager's lock).
+    """
+
+    __slots__ = ("_d", "_raw", "_raw_bytes", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self._d: dict[bytes, Any] = {}          # kb -> digest tuple or the kept bytes
+        self._raw: dict[bytes, bytes] = {}      # kept encodings, oldest first
+        self._raw_bytes = 0
+        self.budget = budget
+
+    def remember(self, kb: bytes, raw: bytes) -> None:
+        """``raw`` is the encoding of ``kb``'s value as it is now (clean)."""
+        kept = self._raw
+        if kb in kept:
+            self._raw_bytes -= len(kept.pop(kb))
+        n = len(raw)
+        if n < _KEEP_RAW_MIN or n > self.budget or type(raw) is not bytes:
+            self._d[kb] = digest(raw)
+            return
+        self._d[kb] = raw
+        kept[kb] = raw
+        self._raw_bytes += n
+        while self._raw_bytes > self.budget:
+            old = next(iter(kept))
+            data = kept.pop(old)
+            self._raw_bytes -= len(data)
+            self._d[old] = digest(data)
+
+    def __setitem__(self, kb: bytes, value: tuple[int, int]) -> None:
+        if kb in self._raw:
+            self._raw_bytes -= len(self._raw.pop(kb))
+        self._d[kb] = value
+
+    def pop(self, kb: bytes, default: Any = None) -> Any:
+        if kb in self._raw:
+            self._raw_bytes -= len(self._raw.pop(kb))
+        return self._d.pop(kb, default)
+
+    def get(self, kb: bytes, default: Any = None) -> Any:
+        return self._d.get(kb, default)
+
+    def __contains__(self, kb: object) -> bool:
+        return kb in self._d
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def clear(self) -> None:
+        self._d.clear()
+        self._raw.clear()
+        self._raw_bytes = 0
 
 
 class _Load:
@@ -46,7 +121,7 @@ class ReadPath:
     _codec: Any
     _stats: Any
     _loading: dict[bytes, _Load]
-    _digests: dict[bytes, tuple[int, int]]
+    _digests: Digests
     _handed: set[bytes]
     _access: Any
     _track: bool
@@ -136,16 +211,25 @@ class ReadPath:
         wb = self._wb
         with self._lock:
             seq = wb.wseq
-        if seq % 2 == 0:
-            origin: dict[bytes, str] = {}
-            found, timings = self._read_levels(keys, origin)
-            decoded = self._decode_all(found, origin)
-            with self._lock:
-                if wb.wseq == seq:
-                    self._resolve(keys, found, decoded, timings, out, ts, prefetch)
-                    return
-        # A write overlapped the read (an entry may have been between levels): read again
-        # while no write can run.
+        origin: dict[bytes, str] = {}
+        found, timings = self._read_levels(keys, origin)
+        decoded = self._decode_all(found, origin)
+        with self._lock:
+            if wb.wseq == seq and seq % 2 == 0:
+                self._resolve(keys, found, decoded, timings, out, ts, prefetch)
+                return
+            # A write overlapped the read. Only the keys it moved can have been between two
+            # levels (or half deleted) while we read them; the others read exactly.
+            moved = wb.moved_since(seq)
+            if moved is not None:
+                keep = [kb for kb in keys if kb not in moved]
+                if keep:
+                    self._resolve(keep, found, decoded, timings, out, ts, prefetch)
+                    if len(keep) == len(keys):
+                        return
+                    keys = [kb for kb in keys if kb in moved]
+        # Keys a write moved (or any key, when the write could not say which it moves): read
+        # them again while no write can run.
         with wb.io_lock:
             origin = {}
             found, timings = self._read_levels(keys, origin)
@@ -248,7 +332,7 @@ class ReadPath:
         if heap is None:
             return value
         if self._track and type(value) not in IMMUTABLE:
-            self._digests[kb] = digest(raw)
+            self._digests.remember(kb, raw)
         victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts)
         if victims:
             if any(k == kb for k, _, _ in victims):

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ._keyview import KeyView
 from ._namespace import Namespace
-from ._readpath import IMMUTABLE, MISSING, ReadPath, _Load, digest as _digest
+from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as _digest,
+                        same_bytes)
 from .codec import Codec
 from .config import CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
@@ -110,7 +111,10 @@ class CacheManager(ReadPath, KeyView):
         self._hits = 0
         self._reads: list[bytes] = []
         self._reads_ts: list[tuple[bytes, float]] = []
-        self._digests: dict[bytes, tuple[int, int]] = {}
+        # what mutation tracking remembers of clean entries' encodings (a few large ones kept
+        # as bytes for a while, so a get-change-put cycle never hashes them)
+        budget = config.heap.max_bytes if config.heap is not None else None
+        self._digests = Digests(max(2 << 20, min(32 << 20, (budget or 0) // 8)))
         self._handed: set[bytes] = set()
         self._pin_errors: dict[bytes, SerializationError] = {}
         self._good_types: set[type] = set()
@@ -351,7 +355,7 @@ class CacheManager(ReadPath, KeyView):
                 except SerializationError as exc:
                     self._pin(kb, value, exc)
                     continue
-                if _digest(raw) == digest:
+                if same_bytes(digest, raw):
                     heap_st.evictions["clean"] += 1
                     continue
                 self._stats.writeback["mutations_detected"] += 1
@@ -462,7 +466,7 @@ class CacheManager(ReadPath, KeyView):
             self._wb.enqueue(kb, raw)
             heap.dirty.discard(kb)
             if self._track and type(value) not in _IMMUTABLE:
-                digests[kb] = _digest(raw)
+                digests.remember(kb, raw)
             self._stats.writeback["dirty_flushes"] += 1
         if not self._track or not has_levels:
             return
@@ -482,9 +486,8 @@ class CacheManager(ReadPath, KeyView):
                     f"{type(value).__name__} is not serializable ({exc})",
                     key=self._describe_key(kb), value_type=type(value))
                 continue
-            new = _digest(raw)
-            if new != digest:
-                digests[kb] = new
+            if not same_bytes(digest, raw):
+                digests.remember(kb, raw)
                 self._wb.enqueue(kb, raw)
                 self._stats.writeback["mutations_detected"] += 1
         # Pinned victims that became encodable leave the heap now.

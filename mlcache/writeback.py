@@ -12,9 +12,11 @@ Ordering rules that keep reads exact:
 * All writes to the byte levels happen under one I/O lock, in the order batches were taken,
   so two versions of one key can never be written out of order.
 * ``wseq`` is odd while a batch is being written. A reader that reads the levels without the
-  I/O lock checks afterwards that ``wseq`` did not move; if it did (an entry may have been in
-  transit between two levels), it reads again holding the I/O lock. Misses never wait for a
-  write unless they overlap one.
+  I/O lock checks afterwards that ``wseq`` did not move. If it did, it asks ``moved_since``
+  which keys the overlapping writes moved (each write logs them when it starts: its own keys,
+  or "unknown" when a bounded level may cascade victims whose names only come back from the
+  write); only those keys may have been in transit between two levels, and only those are
+  read again holding the I/O lock. Misses never wait for a write of other keys.
 * A delete leaves a tombstone: reads see a miss at once, and the tombstone is removed only after
   every level has deleted the key. A later put of the key drops the tombstone (the heap copy is
   newer than anything below, and it reaches every level before its older copies could be seen).
@@ -30,7 +32,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections import deque
+from typing import Any, Callable, Iterable, Sequence
 
 from .errors import CacheError, LevelUnavailableError
 from .stats import Stats
@@ -40,6 +43,7 @@ __all__ = ["EvictionBuffer", "WriteBack"]
 _MAX_BACKOFF = 2.0
 _MIN_BACKOFF = 0.01  # a background writer never spins on a failing level
 _LINGER = 0.005  # a writer waits this long for a batch to fill before writing a small one
+_WLOG = 64       # writes remembered for readers that overlapped them (``moved_since``)
 
 
 class EvictionBuffer:
@@ -94,6 +98,10 @@ class WriteBack:
         self.tombstones: set[bytes] = set()
         self.newer: list[set[bytes]] = [set() for _ in self.levels]  # guarded by io_lock
         self.wseq = 0
+        # (wseq at the start of a write, the keys it moves or None if unknown), oldest first;
+        # writes that started before ``_wlog_floor`` were forgotten. Guarded by the lock.
+        self._wlog: deque[tuple[int, frozenset[bytes] | None]] = deque()
+        self._wlog_floor = 0
         self.error: BaseException | None = None  # the last background failure, if unresolved
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -114,6 +122,36 @@ class WriteBack:
 
     def needs_room(self) -> bool:
         return len(self.buffer) > self.buffer_max
+
+    def _log_write(self, keys: Iterable[bytes] | None) -> None:
+        """Lock held, right after ``wseq`` became odd: the keys this write may move."""
+        log = self._wlog
+        log.append((self.wseq, None if keys is None else frozenset(keys)))
+        if len(log) > _WLOG:
+            self._wlog_floor = log.popleft()[0] + 1
+
+    def moved_since(self, seq: int) -> frozenset[bytes] | set[bytes] | None:
+        """Lock held: every key a write running at or started after ``wseq == seq`` may have
+        moved between levels (or deleted), or None if that is not known."""
+        if seq < self._wlog_floor:
+            return None
+        out: set[bytes] = set()
+        for start, keys in reversed(self._wlog):
+            if start < seq:
+                break
+            if keys is None:
+                return None
+            out.update(keys)
+        return out
+
+    def _exact(self, index: int) -> bool:
+        """Whether a write into level ``index`` moves only its own keys: the last level keeps
+        or refuses (a lossy one may drop, which readers may see or not), an unbounded level
+        above it never hands victims down."""
+        if index >= len(self.levels) - 1:
+            return True
+        level = self.levels[index]
+        return hasattr(level, "max_bytes") and level.max_bytes is None
 
     def pending_lookup(self, key: bytes) -> bytes | None:
         return self.buffer.pending[0].get(key) if self.levels else None
@@ -193,6 +231,7 @@ class WriteBack:
                     return 0
                 items = self.buffer.take(index, self.batch_size)
                 self.wseq += 1
+                self._log_write([k for k, _ in items] if self._exact(index) else None)
             try:
                 self._write(index, items)
             finally:
@@ -246,6 +285,7 @@ class WriteBack:
                     return
                 keys = sorted(self.tombstones)
                 self.wseq += 1
+                self._log_write(keys)
             try:
                 for i, level in enumerate(self.levels):
                     level.delete_many(keys)
@@ -306,6 +346,7 @@ class WriteBack:
                         return
                     with self.lock:
                         self.wseq += 1
+                        self._log_write(None)
                     try:
                         values = self.levels[i].get_many(keys)
                         items = [(k, v) for k, v in zip(keys, values) if v is not None]
