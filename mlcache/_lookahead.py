@@ -19,7 +19,9 @@ falls short, down to ×0.5 when it exceeds the need by more than 50% (hysteresis
 oscillating). A slower backend lengthens the latency and the depth grows; a faster one shrinks it.
 It does not grow while the fetch threads are saturated (a backlog of whole batches keeps waiting
 behind them): then the latency is queueing, which a deeper read-ahead would only lengthen; nor
-while prefetched entries waiting for their records fill half the heap's entry bound.
+while the distinct keys of the records read ahead — each held in the heap for its record, either
+prefetched or renewed by TAC's hint — reach half the heap's entry bound (past three quarters the
+depth shrinks).
 """
 from __future__ import annotations
 
@@ -74,6 +76,14 @@ class DepthController:
         """Add one slack sample; True when a window is complete and :meth:`update` is due."""
         self._slack.append(slack)
         return len(self._slack) >= self.window
+
+    def shrink(self, factor: float) -> int:
+        """Scale the depth down by ``factor`` (a memory bound, not a latency signal)."""
+        d = self.depth
+        self.depth = max(self.min_depth, math.floor(d * factor))
+        if self.depth != d:
+            self.history.append(self.depth)
+        return self.depth
 
     def need(self, latencies: list[float]) -> float | None:
         lat = _quantile(latencies, 0.99)
@@ -153,9 +163,8 @@ class Lookahead(Iterator[Any]):
         self._pf = _prefetcher(self._m)
         if depth == "auto":
             heap = self._m.config.heap
-            # Prefetched entries wait in the heap beside the state in use: the depth stops
-            # growing while half the heap's entries are waiting to be used.
-            self._max_waiting = 1 << 62
+            # Entries held for records read ahead wait in the heap beside the state in use.
+            self._max_waiting = 0      # 0: a byte-bounded heap, measured as it fills
             if heap is not None and heap.max_entries:
                 self._max_waiting = max(4, heap.max_entries // 2)
             self.controller: DepthController | None = DepthController(32, max_depth=1 << 16)
@@ -169,6 +178,7 @@ class Lookahead(Iterator[Any]):
         self._key = key
         self._ts = ts
         self._queue: deque[tuple] = deque()
+        self._window_keys: dict[bytes, int] = {}   # distinct keys read ahead -> records
         self._index = 0
         self._warmup = self.depth + 1
         self._exhausted = False
@@ -205,6 +215,8 @@ class Lookahead(Iterator[Any]):
             return True
         if self._pf is not None and self.depth > 0:
             self._pf.hint(kb, t)
+            wk = self._window_keys
+            wk[kb] = wk.get(kb, 0) + 1
         self._queue.append((rec, kb, t, i, None))
         return True
 
@@ -218,6 +230,13 @@ class Lookahead(Iterator[Any]):
         rec, kb, t, i, err = q.popleft()
         if err is not None:
             raise err
+        wk = self._window_keys
+        n = wk.get(kb)
+        if n is not None:
+            if n > 1:
+                wk[kb] = n - 1
+            else:
+                del wk[kb]
         self.records += 1
         pf = self._pf
         if pf is None:
@@ -228,8 +247,15 @@ class Lookahead(Iterator[Any]):
         ctl = self.controller
         # the first records were hinted just before their use: their slack says nothing
         if ctl is not None and slack is not None and i >= self._warmup and ctl.observe(slack):
-            grow = not pf.saturated and pf.waiting() < self._max_waiting
+            # Every distinct key in the window is held in the heap for its record: prefetched,
+            # or renewed by TAC's hint. Past half the heap's entries the depth stops growing,
+            # past three quarters it shrinks, whatever the slack says.
+            held = max(len(self._window_keys), pf.waiting())
+            cap = self._max_waiting or max(64, len(getattr(self._m, "_data", ())) // 2)
+            grow = not pf.saturated and held < cap
             self.depth = ctl.update(pf.fetch_latency.recent(256), grow)
+            if held > cap * 3 // 2:
+                self.depth = ctl.shrink(0.75)
             pf.depth = self.depth
         return rec
 
