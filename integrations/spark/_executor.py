@@ -14,6 +14,7 @@ job (or a test) checks that a worker built its manager once across many micro-ba
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -54,7 +55,7 @@ class WorkerContext:
         self.namespaces: dict[tuple[str, int], set[str]] = {}
         self.lock = threading.Lock()
         self.creation = self.store.record_creation(self.worker)
-        self._position = 0
+        self._clock = itertools.count()
         self.takes = 0      # partitions taken by this process
         self.drops = 0      # ... of which another process had owned since (local copies dropped)
 
@@ -67,12 +68,13 @@ class WorkerContext:
         new hint for the oldest entry. The clock only grows, across all of them.
         """
         with self.lock:
-            start = self._position
-            self._position += n
+            start = next(self._clock)
+            self._clock = itertools.count(start + n)
         return start
 
     def tick(self, _record: Any = None) -> float:
-        return float(self.next_positions(1))
+        # next() on itertools.count is atomic under the GIL: no lock on the per-record path.
+        return float(next(self._clock))
 
     def take_partition(self, scope: str, partition: int) -> bool:
         """Own ``partition`` of ``scope``; drop local copies if someone else owned it since.

@@ -300,7 +300,8 @@ def _frame_rows(run: _Run, frames: Iterable[Any]) -> Iterator[tuple[Any, int, An
         times = _frame_times(run, frame, len(keys))
         for i, k in enumerate(keys):
             try:
-                check_key(k)
+                if type(k) is not int and type(k) is not str:
+                    check_key(k)
             except TypeError as exc:
                 row = _row_of(frame, i)
                 raise KeyFunctionError(
