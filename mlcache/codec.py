@@ -89,10 +89,17 @@ class Codec:
 
     # -- the two hooks a subclass may override -----------------------------------------------
 
-    def dumps(self, value: Any) -> tuple[int, bytes]:
-        """Return ``(format, payload)``; raise ``SerializationError`` if no format takes it."""
+    def dumps(self, value: Any) -> tuple[int, bytes | memoryview]:
+        """Return ``(format, payload)``; raise ``SerializationError`` if no format takes it.
+
+        The payload may be a view (the msgpack packer's own buffer): :meth:`encode` copies it
+        once, behind the format byte, instead of once out of the packer and once more there.
+        """
         try:
-            return MSGPACK, _pack_inner(value)
+            packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True,
+                                    autoreset=False)
+            packer.pack(value)
+            return MSGPACK, packer.getbuffer()
         except (_Unsupported, TypeError, ValueError, OverflowError) as exc:
             # dict keys msgpack cannot take hashed (e.g. a tuple key inside a set) and cycles
             # (ValueError: recursion) also end here.
@@ -109,7 +116,7 @@ class Codec:
                 f"cannot encode a value of type {type(value).__name__}: {exc}",
                 value_type=type(value)) from exc
 
-    def loads(self, fmt: int, payload: bytes) -> Any:
+    def loads(self, fmt: int, payload: bytes | memoryview) -> Any:
         if fmt == MSGPACK:
             return _unpack_inner(payload)
         if fmt == PICKLE:
@@ -125,28 +132,34 @@ class Codec:
         if self.signing_key is None:
             return bytes((fmt,)) + payload
         head = bytes((fmt | SIGNED,))
-        sig = hmac.new(self.signing_key, head + payload, hashlib.sha256).digest()
-        return head + sig + payload
+        mac = hmac.new(self.signing_key, head, hashlib.sha256)
+        mac.update(payload)
+        return b"".join((head, mac.digest(), payload))
 
     def decode(self, data: bytes) -> Any:
         if not data:
             raise IntegrityError("empty value bytes")
         head = data[0]
+        # A view, not a slice: a slice of a 1 MB value is a 1 MB copy the decoder copies again.
+        view = memoryview(data)
         if head & SIGNED:
             if len(data) < 1 + _SIG_LEN:
                 raise IntegrityError("truncated value: signature incomplete")
-            payload = data[1 + _SIG_LEN:]
+            payload = view[1 + _SIG_LEN:]
             if self.signing_key is not None:
-                expected = hmac.new(self.signing_key, data[:1] + payload, hashlib.sha256).digest()
-                if not hmac.compare_digest(expected, data[1:1 + _SIG_LEN]):
+                mac = hmac.new(self.signing_key, data[:1], hashlib.sha256)
+                mac.update(payload)
+                if not hmac.compare_digest(mac.digest(), bytes(view[1:1 + _SIG_LEN])):
                     raise IntegrityError("signature mismatch: value tampered or signed with "
                                          "another key")
         else:
             if self.signing_key is not None:
                 raise IntegrityError("unsigned value but a signing key is configured")
-            payload = data[1:]
+            payload = view[1:]
+        if type(self).loads is not Codec.loads:
+            payload = bytes(payload)   # a subclass's decoder may want bytes
         try:
-            return self.loads(head & ~SIGNED, bytes(payload))
+            return self.loads(head & ~SIGNED, payload)
         except IntegrityError:
             raise
         except Exception as exc:
