@@ -26,7 +26,8 @@ def small_arena(max_bytes: int = 256 * KiB, **kw) -> ArenaLevel:
 
 
 def check_invariants(a: ArenaLevel) -> None:
-    """Every block is in exactly one chain or one free list; the accounting adds up."""
+    """Every block is in exactly one chain or one free run (of one run list); free runs are
+    maximal and tagged; the accounting adds up."""
     bs, bpb, shift = a.block_size, a.blocks_per_buffer, a._shift
     owner: dict[int, object] = {}
     data = blocks_used = index_bytes = 0
@@ -53,19 +54,23 @@ def check_invariants(a: ArenaLevel) -> None:
         blocks_used += len(chain)
         index_bytes += ENTRY_OVERHEAD + len(key)
     free_total = 0
-    for b in range(len(a._maps)):
-        i, count = a._free_head[b], 0
-        while i:
-            addr = b << shift | i
-            assert addr not in owner, f"block {addr} both free and used (or free twice)"
-            owner[addr] = None
-            assert a._len[b][i] == _FREE
-            count += 1
-            i = a._next[b][i]
-        assert count == a._free_count[b]
-        free_total += count
-        assert (b in a._nonfull) == (count > 0)
-    assert len(a._nonfull) == len(set(a._nonfull))
+    avail = 0
+    for n, runs in enumerate(a._runs):
+        if runs:
+            avail |= 1 << n
+        for pos, head in enumerate(runs):
+            b, i = head >> shift, head & a._mask
+            assert 1 <= i and i + n <= bpb, "a free run outside its buffer"
+            assert a._next[b][i] == n and a._next[b][i + n - 1] == n, "run length tags"
+            assert a._prev[b][i] == pos, "a run's recorded position in its list"
+            assert i == 1 or a._len[b][i - 1] != _FREE, "two free runs not merged"
+            assert i + n == bpb or a._len[b][i + n] != _FREE, "two free runs not merged"
+            for addr in range(head, head + n):
+                assert addr not in owner, f"block {addr} both free and used (or free twice)"
+                owner[addr] = None
+                assert a._len[b][addr & a._mask] == _FREE
+            free_total += n
+    assert a._avail == avail, "the bitmap of run lengths"
     assert len(owner) == len(a._maps) * (bpb - 1), "a block is in no chain and no free list"
     assert a.data_bytes == data
     assert a._used_blocks == blocks_used and a._free_blocks == free_total
@@ -221,7 +226,8 @@ def test_append_does_not_rewrite_earlier_blocks():
         first = a._index[b"k"] & _ADDR
         a.append(b"k", b"b" * 200)
         parts = a.segments(b"k")
-        assert [len(p) for p in parts] == [64, 64, 64, 64, 44]
+        assert [len(p) for p in parts] == [300]     # grew into the free run that followed it
+        assert a._index[b"k"] & _CONTIG
         # the old last block is still part of the chain, now full
         addr = a._index[b"k"] & _ADDR
         chain = []

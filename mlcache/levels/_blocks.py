@@ -4,25 +4,33 @@ Memory is a set of equal *buffers* (anonymous ``mmap``), each cut into equal *bl
 of every buffer holds the metadata of all its blocks, 8 bytes each, as three packed arrays read
 through ``memoryview.cast``::
 
-    prev  u32  address of the previous block of the same entry, 0 = first block
+    prev  u32  used block: address of the previous block of the same entry, 0 = first block
+               free run's first block: its position in its size class's list
     len   u16  bytes used in the block; 0xFFFF marks a free block
-    next  u16  next free block of this buffer (free blocks only), 0 = end of the list
+    next  u16  free run's first and last block: the run's length in blocks
 
 An *address* is ``buffer << shift | block``; address 0 is buffer 0's metadata block, so it
 doubles as "none". An entry is a backward-linked chain known by the address of its last block;
-every block but the last is full. Each buffer has an intrusive free list threaded through
-``next`` and a queue holds the buffers that have a free block, so taking or returning a block is
-O(1). This module only stores; :mod:`mlcache.levels.arena` owns the index, the bound and the
-policy.
+every block but the last is full.
+
+Free space is kept as *runs*: maximal stretches of free blocks of one buffer, their length
+written at both ends (boundary tags, so freeing merges with free neighbours in O(1)). Each run
+is in the free list of its length (one compact ``array`` of first-block addresses per length,
+its position recorded in the run's metadata so it can be unlinked in O(1)), and a bitmap says
+which lengths have runs. Allocating k blocks takes the shortest run of at least k (lowest set
+bit of ``bitmap >> k``), so an entry is one contiguous run whenever one exists: written with one
+copy, read with one slice, freed with one merge. Only when no run is long enough are the
+longest runs chained (still one copy each), and only when no block is free is a buffer mapped,
+so the bound logic is Pravega's: free blocks first, then new buffers. This module only stores;
+:mod:`mlcache.levels.arena` owns the index, the bound and the policy.
 """
 from __future__ import annotations
 
 import mmap
 from array import array
-from collections import deque
 from typing import Any
 
-__all__ = ["BlockStore", "BUFFER_OVERHEAD"]
+__all__ = ["BlockStore", "BUFFER_OVERHEAD", "run_list_bytes"]
 
 BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, memoryviews, list slots (+ 4 B/block)
 
@@ -33,6 +41,18 @@ _PAGE = mmap.PAGESIZE
 # Fault a new buffer's pages in with one call rather than one fault per page on first write
 # (about twice as fast here): the buffer is preallocated memory, as in Pravega.
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def run_list_bytes(bpb: int) -> int:
+    """Worst-case bytes one buffer adds to the run lists.
+
+    A buffer holds at most ``bpb // (n + 1)`` runs of length ``n`` (runs are maximal, so two
+    are separated by a used block), and an ``array`` never shrinks when popped, so each
+    length's list may keep its peak: 4 bytes per run at every length's peak, plus array
+    over-allocation (1/16 and a few slots).
+    """
+    slots = sum(bpb // (n + 1) for n in range(1, bpb))
+    return 4 * (slots + (slots >> 4)) + 64
 
 
 class BlockStore:
@@ -50,23 +70,20 @@ class BlockStore:
         bpb = self.blocks_per_buffer = size // bs
         self._shift = (bpb - 1).bit_length()
         self._mask = (1 << self._shift) - 1
-        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes)
-        self._buffer_cost = -(-size // _PAGE) * _PAGE + buffer_overhead + 4 * bpb
+        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes),
+        # + the worst case this buffer's runs can add to the run lists
+        self._buffer_cost = (-(-size // _PAGE) * _PAGE + buffer_overhead + 4 * bpb
+                             + run_list_bytes(bpb))
         self._maps: list[mmap.mmap] = []
         self._views: list[memoryview] = []
         self._prev: list[memoryview] = []
         self._len: list[memoryview] = []
         self._next: list[memoryview] = []
-        self._free_head: list[int] = []
-        self._free_count: list[int] = []
-        self._nonfull: deque[int] = deque()
+        self._runs: list[array] = [array("I") for _ in range(bpb)]   # by length; [0] unused
+        self._avail = 0                    # bit n set: some run of n blocks is free
         self._free_blocks = 0
-        self._fresh_next = array("H", [0, *range(2, bpb), 0])
-        self._fresh_len = array("H", [_FREE]) * bpb
-        self._free_lens = memoryview(self._fresh_len)
+        self._free_lens = memoryview(array("H", [_FREE]) * bpb)
         self._full_lens = memoryview(array("H", [bs]) * bpb)
-        self._zeros = memoryview(array("I", [0]) * bpb)
-        self._succ = memoryview(array("H", range(1, bpb + 1)))
         self._addrs: list[memoryview] = []         # per buffer: the address of each block
 
     def _new_buffer(self) -> None:
@@ -76,147 +93,173 @@ class BlockStore:
         prev = view[0:4 * bpb].cast("I")
         lens = view[4 * bpb:6 * bpb].cast("H")
         nxt = view[6 * bpb:8 * bpb].cast("H")
-        lens[:] = self._fresh_len
-        nxt[:] = self._fresh_next
-        self._nonfull.append(len(self._maps))
+        lens[:] = self._free_lens
+        base = len(self._addrs) << self._shift
         self._maps.append(m)
         self._views.append(view)
         self._prev.append(prev)
         self._len.append(lens)
         self._next.append(nxt)
-        base = len(self._addrs) << self._shift
         self._addrs.append(memoryview(array("I", range(base, base + bpb))))
-        self._free_head.append(1)
-        self._free_count.append(bpb - 1)
+        self._push(base | 1, bpb - 1)
         self._free_blocks += bpb - 1
         self._allocated += self._buffer_cost
         self._index_room -= self._buffer_cost
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def _push(self, addr: int, n: int) -> None:
+        """File the free run of ``n`` blocks starting at ``addr`` (its blocks already free)."""
+        runs = self._runs[n]
+        b = addr >> self._shift
+        i = addr & self._mask
+        nxt = self._next[b]
+        self._prev[b][i] = len(runs)
+        nxt[i] = n
+        nxt[i + n - 1] = n
+        runs.append(addr)
+        self._avail |= 1 << n
+
+    def _unlink(self, addr: int, n: int) -> None:
+        """Take the run starting at ``addr`` out of the list of length ``n``."""
+        runs = self._runs[n]
+        moved = runs.pop()
+        if moved != addr:
+            pos = self._prev[addr >> self._shift][addr & self._mask]
+            runs[pos] = moved
+            self._prev[moved >> self._shift][moved & self._mask] = pos
+        elif not runs:
+            self._avail &= ~(1 << n)
 
     def _chain(self, data: Any, pos: int, end: int, prev: int) -> int:
         """Write ``data[pos:end]`` into new blocks chained after ``prev`` (0: a new entry).
 
         Returns the last address, with ``_CONTIG`` set if every new block directly follows its
         predecessor. Takes at least one block (an empty entry still needs an address); the
-        caller has made room. Free blocks that follow each other are taken as one run: one
-        copy for the data and slice assignments for their metadata, not a loop per block.
+        caller has made room. An append first extends into the free run right after ``prev``
+        (the entry stays one run); then the shortest run that holds the rest is taken, or the
+        longest runs one after another. Each run is one copy and slice-assigned metadata.
         """
         bs = self.block_size
         shift = self._shift
-        nonfull = self._nonfull
+        mask = self._mask
         full = self._full_lens
         contig = _CONTIG
         taken = 0
-        while True:
-            if not nonfull:
-                self._new_buffer()
-            b = nonfull[0]
-            head = self._free_head[b]
-            count = self._free_count[b]
-            nxt = self._next[b]
+        want = (end - pos + bs - 1) // bs or 1
+        start = 0
+        if prev and (prev & mask) + 1 < self.blocks_per_buffer \
+                and self._len[prev >> shift][(prev & mask) + 1] == _FREE:
+            start = prev + 1                       # a run head: its left neighbour is used
+            n = self._next[prev >> shift][(prev & mask) + 1]
+            self._unlink(start, n)
+            k = want if want < n else n
+            if n > k:
+                self._push(start + k, n - k)
+        while pos < end or not taken:
+            if not start:
+                avail = self._avail
+                if not avail:
+                    self._new_buffer()
+                    avail = self._avail
+                m = avail >> want
+                n = (want + (m & -m).bit_length() - 1) if m else avail.bit_length() - 1
+                runs = self._runs[n]
+                start = runs.pop()
+                if not runs:
+                    self._avail = avail & ~(1 << n)
+                k = want if want < n else n
+                if n > k:
+                    self._push(start + k, n - k)
+            b = start >> shift
+            i = start & mask
+            j = i + k - 1
+            nbytes = end - pos
+            if nbytes > k * bs:
+                nbytes = k * bs
+            off = i * bs
+            self._views[b][off:off + nbytes] = data[pos:pos + nbytes]
             lens = self._len[b]
             prevs = self._prev[b]
-            view = self._views[b]
-            base = b << shift
-            done = False
-            while count:
-                want = (end - pos + bs - 1) // bs or 1
-                if want > count:
-                    want = count
-                i = j = head                   # the run is i..j
-                while j - i + 1 < want and nxt[j] == j + 1:
-                    j += 1
-                k = j - i + 1
-                head = nxt[j]
-                count -= k
-                taken += k
-                nbytes = end - pos
-                if nbytes > k * bs:
-                    nbytes = k * bs
-                off = i * bs
-                view[off:off + nbytes] = data[pos:pos + nbytes]
-                if k > 1:
-                    lens[i:j] = full[:k - 1]
-                    prevs[i + 1:j + 1] = self._addrs[b][i:j]
-                lens[j] = nbytes - (k - 1) * bs
-                prevs[i] = prev
-                if prev and base + i != prev + 1:
-                    contig = 0
-                prev = base + j
-                pos += nbytes
-                if pos >= end:
-                    done = True
-                    break
-            self._free_head[b] = head
-            self._free_count[b] = count
-            if not count:
-                nonfull.popleft()
-            if done:
-                self._free_blocks -= taken
-                return prev | contig
+            if k > 1:
+                lens[i:j] = full[:k - 1]
+                prevs[i + 1:j + 1] = self._addrs[b][i:j]
+            lens[j] = nbytes - (k - 1) * bs
+            prevs[i] = prev
+            if prev and start != prev + 1:
+                contig = 0
+            prev = start + k - 1
+            pos += nbytes
+            taken += k
+            want -= k
+            start = 0
+        self._free_blocks -= taken
+        return prev | contig
+
+    def _free_run(self, b: int, i: int, j: int) -> None:
+        """Return blocks ``i..j`` of buffer ``b`` (a used stretch) as one run, merged with
+        the free runs on either side."""
+        lens = self._len[b]
+        nxt = self._next[b]
+        base = b << self._shift
+        k = j - i + 1
+        lens[i:j + 1] = self._free_lens[:k]
+        if i > 1 and lens[i - 1] == _FREE:
+            n = nxt[i - 1]
+            i -= n
+            self._unlink(base | i, n)
+        if j + 1 < self.blocks_per_buffer and lens[j + 1] == _FREE:
+            n = nxt[j + 1]
+            self._unlink(base | j + 1, n)
+            j += n
+        self._push(base | i, j - i + 1)
+        self._free_blocks += k
 
     def _release(self, packed: int) -> None:
-        """Return every block of the entry ``packed`` to its buffer's free list.
-
-        The free list is rebuilt so that it hands the blocks out again in their original order
-        (head = first block), so a same-sized rewrite stays contiguous. A contiguous entry is
-        freed with slice assignments; a scattered one block by block, walking back.
-        """
+        """Return every block of the entry ``packed``: a contiguous entry as one run, a
+        scattered one stretch by stretch, walking back."""
         shift = self._shift
         mask = self._mask
         addr = packed & _ADDR
         if packed & _CONTIG:
-            b = addr >> shift
             j = addr & mask
             k = ((packed >> 33) + self.block_size - 1) // self.block_size or 1
-            i = j - k + 1
-            nxt = self._next[b]
-            self._len[b][i:j + 1] = self._free_lens[:k]
-            self._prev[b][i:j + 1] = self._zeros[:k]
-            if k > 1:
-                nxt[i:j] = self._succ[i:j]
-            nxt[j] = self._free_head[b]
-            self._free_head[b] = i
-            count = self._free_count[b]
-            if not count:
-                self._nonfull.append(b)
-            self._free_count[b] = count + k
-            self._free_blocks += k
+            self._free_run(addr >> shift, j - k + 1, j)
             return
-        freed = 0
         while addr:
             b = addr >> shift
-            i = addr & mask
             prevs = self._prev[b]
-            addr = prevs[i]
-            self._len[b][i] = _FREE
-            prevs[i] = 0
-            self._next[b][i] = self._free_head[b]
-            self._free_head[b] = i
-            count = self._free_count[b]
-            if not count:
-                self._nonfull.append(b)
-            self._free_count[b] = count + 1
-            freed += 1
-        self._free_blocks += freed
+            j = i = addr & mask
+            p = prevs[i]
+            while p and p == addr - 1:             # same buffer: block 0 is never chained
+                addr = p
+                i -= 1
+                p = prevs[i]
+            self._free_run(b, i, j)
+            addr = p
 
     def _segments(self, packed: int) -> list[memoryview]:
+        """The entry's bytes as views, one per stretch of adjacent blocks, in order."""
         bs = self.block_size
         shift = self._shift
         mask = self._mask
         views = self._views
-        prevs = self._prev
         addr = packed & _ADDR
         b = addr >> shift
-        i = addr & mask
-        off = i * bs
-        parts = [views[b][off:off + self._len[b][i]]]
-        addr = prevs[b][i]
+        end = (addr & mask) * bs + self._len[b][addr & mask]
+        parts = []
         while addr:
             b = addr >> shift
+            prevs = self._prev[b]
             i = addr & mask
-            off = i * bs
-            parts.append(views[b][off:off + bs])
-            addr = prevs[b][i]
+            p = prevs[i]
+            while p and p == addr - 1:
+                addr = p
+                i -= 1
+                p = prevs[i]
+            parts.append(views[b][i * bs:end])
+            addr = p
+            end = ((p & mask) + 1) * bs
         parts.reverse()
         return parts
 
@@ -241,7 +284,6 @@ class BlockStore:
             except BufferError:
                 pass    # a caller still holds a view(); the mapping goes with that view
         self._maps.clear()
-        self._nonfull.clear()
-        self._free_head.clear()
-        self._free_count.clear()
+        self._runs = [array("I") for _ in range(self.blocks_per_buffer)]
+        self._avail = 0
         self._free_blocks = 0

@@ -94,8 +94,9 @@ class ArenaLevel(BlockStore):
         self._index_bytes = 0
         self._data_bytes = 0
         self._allocated = 0                                  # charged for mapped buffers
-        # the fixed charge grows with the block tables below (12 bytes per block of a buffer)
-        self._fixed = LEVEL_OVERHEAD + 12 * bpb
+        # the fixed charge grows with the block tables (4 bytes per block of a buffer) and the
+        # run lists (an empty array and its list slot per run length)
+        self._fixed = LEVEL_OVERHEAD + 4 * bpb + 88 * bpb
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
         self._policy = get_policy(cfg.policy)(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
@@ -334,9 +335,8 @@ class ArenaLevel(BlockStore):
             shift = self._shift
             index = self._index
             policy = self._policy
-            nonfull = self._nonfull
-            free_head = self._free_head
-            free_count = self._free_count
+            mask = self._mask
+            full = self._full_lens
             for key, value in items:
                 size = len(value)
                 blocks = (size + bs - 1) // bs or 1
@@ -349,20 +349,31 @@ class ArenaLevel(BlockStore):
                     if not self._fits(blocks, self._index_bytes + charge):
                         self._make_room(blocks, charge, key, sink)
                 self._index_bytes += charge
-                if blocks == 1 and nonfull:
-                    b = nonfull[0]
-                    i = free_head[b]
-                    count = free_count[b] - 1
-                    free_head[b] = self._next[b][i]
-                    free_count[b] = count
-                    if not count:
-                        nonfull.popleft()
-                    self._free_blocks -= 1
+                avail = self._avail
+                fit = avail >> blocks
+                if fit:
+                    # The shortest free run that holds the entry: one copy, slice metadata.
+                    n = blocks + (fit & -fit).bit_length() - 1
+                    runs = self._runs[n]
+                    start = runs.pop()
+                    if not runs:
+                        self._avail = avail & ~(1 << n)
+                    if n > blocks:
+                        self._push(start + blocks, n - blocks)
+                    self._free_blocks -= blocks
+                    b = start >> shift
+                    i = start & mask
+                    j = i + blocks - 1
                     off = i * bs
                     self._views[b][off:off + size] = value
-                    self._len[b][i] = size
-                    self._prev[b][i] = 0
-                    last = b << shift | i | _CONTIG
+                    lens = self._len[b]
+                    prevs = self._prev[b]
+                    if blocks > 1:
+                        lens[i:j] = full[:blocks - 1]
+                        prevs[i + 1:j + 1] = self._addrs[b][i:j]
+                    lens[j] = size - (blocks - 1) * bs
+                    prevs[i] = 0
+                    last = start + blocks - 1 | _CONTIG
                 else:
                     data = value if type(value) is not bytes else memoryview(value)
                     last = self._chain(data, 0, size, 0)
@@ -481,7 +492,8 @@ class ArenaLevel(BlockStore):
     # -- zero-copy reads ----------------------------------------------------------------------
 
     def segments(self, key: bytes) -> list[memoryview] | None:
-        """The entry as read-only memoryviews of its blocks, in order, without copying.
+        """The entry as read-only memoryviews, one per stretch of adjacent blocks, in order,
+        without copying (a contiguous entry is one view).
 
         Valid until the entry is deleted, replaced, appended to or evicted.
         """
