@@ -103,3 +103,13 @@ def test_run_collects_children_and_writes_report(tmp_path, monkeypatch, capsys):
     assert [r["benchmark"] for r in combined["reports"]] == ["levels", "arena"]
     assert set(combined["failures"]) == {"dedup"}
     assert (tmp_path / "rep" / "plots" / "levels.png").exists()
+
+
+def test_mixed_scale_run_is_labelled(tmp_path):
+    full = BenchReport("levels")
+    full.goal("g", 1.0, ">=", 1.0)
+    meta = {"date": "d", "machine": "m", "quick": False, "benchmarks": ["levels", "dedup"],
+            "failures": {}}
+    bench_all.write_raw(tmp_path, meta, [full.to_dict(), _reports()[0] | {"benchmark": "dedup"}])
+    text = bench_all.render_report(tmp_path, tmp_path / "report.md").read_text()
+    assert "full, except dedup at quick scale" in text and "*(quick scale)*" in text

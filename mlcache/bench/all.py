@@ -205,6 +205,10 @@ def render_report(src: Path, page: Path) -> Path:
 
     kind = "quick (`--quick`, smaller scale: smoke figures, not the ones to quote)" if \
         meta.get("quick") else "full"
+    quick_ones = [r["benchmark"] for r in reports if r.get("quick")]
+    if quick_ones and not meta.get("quick"):
+        kind = (f"full, except {', '.join(quick_ones)} at quick scale (`--quick`: smaller, "
+                f"smoke figures)")
     done = {r["benchmark"] for r in reports} | set(meta.get("failures", {}))
     pending = [n for n in meta.get("benchmarks", []) if n not in done]
     if pending:
