@@ -3,12 +3,35 @@ from __future__ import annotations
 
 from typing import Any, Hashable
 
-from .keys import check_key, decode_key, encode_key
+import msgpack
+
+from .keys import _TUPLE, check_key, decode_key, encode_key
 
 __all__ = ["KeyView"]
 
 _SIMPLE_KEYS = frozenset((str, int, bytes))
 _MEMO_MAX = 1 << 16
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1   # what msgpack packs as a plain int
+_packb = msgpack.packb
+_Ext = msgpack.ExtType
+
+
+def _flat(key: tuple) -> bool:
+    """A tuple of exact str/bytes/int parts in msgpack's int range: the common composite key."""
+    for part in key:
+        tp = type(part)
+        if tp is not str and tp is not bytes and (
+                tp is not int or part < _INT_MIN or part > _INT_MAX):
+            return False
+    return True
+
+
+def _encode(key: Any, flat: bool) -> bytes:
+    """``keys.encode_key`` of a checked key; a flat tuple in two packb calls, byte for byte the
+    same (tests/test_keyview.py), instead of a packb with a ``default`` hook per part."""
+    if flat:
+        return _packb(_Ext(_TUPLE, _packb(list(key), use_bin_type=True)), use_bin_type=True)
+    return encode_key(_plain_key(key))
 
 
 def _plain_key(key: Any) -> Any:
@@ -42,12 +65,16 @@ class KeyView:
             kb = self._memo.get(key)
             if kb is not None:
                 return kb
+            kb = self._prefix + encode_key(key)
         else:
-            check_key(key)
+            # checked before the memo: (1.0,) == (1,) must still be refused
+            flat = type(key) is tuple and _flat(key)
+            if not flat:
+                check_key(key)
             kb = self._memo.get(key)
             if kb is not None:
                 return kb
-        kb = self._prefix + encode_key(_plain_key(key))
+            kb = self._prefix + _encode(key, flat)
         memo = self._memo
         if len(memo) >= _MEMO_MAX:
             memo.clear()

@@ -56,11 +56,11 @@ class Digests:
     def remember(self, kb: bytes, raw: bytes) -> None:
         """``raw`` is the encoding of ``kb``'s value as it is now (clean)."""
         kept = self._raw
-        if kb in kept:
+        if kept and kb in kept:
             self._raw_bytes -= len(kept.pop(kb))
         n = len(raw)
         if n < _KEEP_RAW_MIN or n > self.budget or type(raw) is not bytes:
-            self._d[kb] = digest(raw)
+            self._d[kb] = (n, hash(raw))   # digest(raw), inlined: once per key loaded
             return
         self._d[kb] = raw
         kept[kb] = raw
@@ -145,11 +145,15 @@ class ReadPath:
             mine: list[bytes] = []
             waits: list[_Load] = []
             retry: list[bytes] = []
+            misses = 0
             with self._lock:
                 self._check_open()
                 if self._reads or self._reads_ts:
                     self._apply_reads()
-                data, wb = self._data, self._wb
+                data, wb, loading = self._data, self._wb, self._loading
+                tombstones = wb.tombstones
+                queued = wb.buffer.pending[0] if wb.levels else None
+                # Per key only dict and set lookups: this loop runs for every key of a batch.
                 for kb in todo:
                     value = data.get(kb, MISSING)
                     if value is not MISSING:
@@ -161,39 +165,46 @@ class ReadPath:
                             if self._track:
                                 self._handed.add(kb)
                         continue
-                    if kb in wb.tombstones:
-                        if not prefetch:
-                            heap_st.misses += 1
+                    if kb in tombstones:
+                        misses += 1
                         continue
-                    load = self._loading.get(kb)
-                    if load is not None:
-                        if prefetch:
+                    if loading:
+                        load = loading.get(kb)
+                        if load is not None:
+                            if prefetch:
+                                continue
+                            if rounds < 3:
+                                waits.append(load)
+                                retry.append(kb)
+                                continue
+                            # Still loading after two waits: read it ourselves, don't spin.
+                    if queued:
+                        raw = queued.get(kb)
+                        if raw is not None:
+                            value = self._codec.decode(raw)
+                            self._stats.writeback["buffer_hits"] += 1
+                            out[kb] = self._admit(kb, value, raw, ts)
                             continue
-                        if rounds < 3:
-                            waits.append(load)
-                            retry.append(kb)
-                            continue
-                        # Still loading after two waits: read it ourselves rather than spin.
-                    raw = wb.pending_lookup(kb)
-                    if raw is not None:
-                        value = self._codec.decode(raw)
-                        self._stats.writeback["buffer_hits"] += 1
-                        out[kb] = self._admit(kb, value, raw, ts)
-                        continue
-                    if not prefetch:
-                        heap_st.misses += 1
+                    misses += 1
                     mine.append(kb)
-                load = _Load()
-                for kb in mine:
-                    self._loading[kb] = load
+                if not prefetch:
+                    heap_st.misses += misses
+                if mine:
+                    load = _Load()
+                    loading.update(dict.fromkeys(mine, load))
+                    seq = wb.wseq
             if mine:
                 try:
-                    self._read_lower(mine, out, ts, prefetch)
+                    self._read_lower(mine, out, ts, prefetch, seq)
                 finally:
                     with self._lock:
-                        for kb in mine:
-                            if self._loading.get(kb) is load:
-                                del self._loading[kb]
+                        if all(loading.get(kb) is load for kb in mine):
+                            for kb in mine:
+                                del loading[kb]
+                        else:
+                            for kb in mine:
+                                if loading.get(kb) is load:
+                                    del loading[kb]
                     load.done.set()
             for w in waits:
                 w.done.wait()
@@ -206,11 +217,14 @@ class ReadPath:
         return out
 
     def _read_lower(self, keys: list[bytes], out: dict[bytes, Any], ts: float | None,
-                    prefetch: bool) -> None:
-        """Read ``keys`` from the byte levels, then resolve and insert under the lock."""
+                    prefetch: bool, seq: int | None = None) -> None:
+        """Read ``keys`` from the byte levels, then resolve and insert under the lock.
+
+        ``seq`` is ``wseq`` as it was (lock held) before the read, when the caller took it."""
         wb = self._wb
-        with self._lock:
-            seq = wb.wseq
+        if seq is None:
+            with self._lock:
+                seq = wb.wseq
         origin: dict[bytes, str] = {}
         found, timings = self._read_levels(keys, origin)
         decoded = self._decode_all(found, origin)
@@ -311,20 +325,24 @@ class ReadPath:
         if prefetch:
             self._stats.prefetch["keys_loaded"] += len(found)
         data, wb = self._data, self._wb
+        tombstones = wb.tombstones
+        queued = wb.buffer.pending[0] if wb.levels else None
+        admit = self._admit
         for kb in keys:
             value = data.get(kb, MISSING)
             if value is not MISSING:          # written meanwhile: the newer value wins
                 out[kb] = value
                 continue
-            if kb in wb.tombstones:            # deleted meanwhile
+            if kb in tombstones:               # deleted meanwhile
                 continue
-            raw = wb.pending_lookup(kb)
-            if raw is not None:                # written and evicted meanwhile
-                out[kb] = self._admit(kb, self._codec.decode(raw), raw, ts)
-                continue
+            if queued:
+                raw = queued.get(kb)
+                if raw is not None:            # written and evicted meanwhile
+                    out[kb] = admit(kb, self._codec.decode(raw), raw, ts)
+                    continue
             raw = found.get(kb)
             if raw is not None:
-                out[kb] = self._admit(kb, decoded[kb], raw, ts)
+                out[kb] = admit(kb, decoded[kb], raw, ts)
 
     def _admit(self, kb: bytes, value: Any, raw: bytes, ts: float | None) -> Any:
         """Lock held: insert a value read from below into the heap, clean."""
