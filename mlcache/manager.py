@@ -231,9 +231,11 @@ class CacheManager(ReadPath, KeyView):
         return self.get(key, _MISSING) is not _MISSING
 
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
-        pairs = [(key, self._kb(key)) for key in keys]
-        found = self._load_into_heap([kb for _, kb in pairs], ts)
-        return {key: found[kb] for key, kb in pairs if kb in found}
+        keys = list(keys)
+        kb = self._kb
+        kbs = [kb(key) for key in keys]
+        found = self._load_into_heap(kbs, ts)
+        return {key: found[k] for key, k in zip(keys, kbs) if k in found}
 
     def _resident(self, key_bytes: bytes) -> bool:
         return key_bytes in self._data
