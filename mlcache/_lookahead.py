@@ -20,8 +20,8 @@ oscillating). A slower backend lengthens the latency and the depth grows; a fast
 It does not grow while the fetch threads are saturated (a backlog of whole batches keeps waiting
 behind them): then the latency is queueing, which a deeper read-ahead would only lengthen; nor
 while the distinct keys of the records read ahead — each held in the heap for its record, either
-prefetched or renewed by TAC's hint — reach half the heap's entry bound (past three quarters the
-depth shrinks).
+prefetched or renewed by TAC's hint — reach half the heap's entry bound, and it is scaled down
+to fit that bound when they exceed it.
 """
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ class DepthController:
         self._slack.append(slack)
         return len(self._slack) >= self.window
 
-    def shrink(self, factor: float) -> int:
-        """Scale the depth down by ``factor`` (a memory bound, not a latency signal)."""
+    def limit(self, max_depth: int) -> int:
+        """Cap the depth (a memory bound, not a latency signal)."""
         d = self.depth
-        self.depth = max(self.min_depth, math.floor(d * factor))
+        self.depth = max(self.min_depth, min(d, max_depth))
         if self.depth != d:
             self.history.append(self.depth)
         return self.depth
@@ -248,14 +248,16 @@ class Lookahead(Iterator[Any]):
         # the first records were hinted just before their use: their slack says nothing
         if ctl is not None and slack is not None and i >= self._warmup and ctl.observe(slack):
             # Every distinct key in the window is held in the heap for its record: prefetched,
-            # or renewed by TAC's hint. Past half the heap's entries the depth stops growing,
-            # past three quarters it shrinks, whatever the slack says.
+            # or renewed by TAC's hint. They may take half the heap's entries, whatever the
+            # slack says.
             held = max(len(self._window_keys), pf.waiting())
             cap = self._max_waiting or max(64, len(getattr(self._m, "_data", ())) // 2)
-            grow = not pf.saturated and held < cap
-            self.depth = ctl.update(pf.fetch_latency.recent(256), grow)
-            if held > cap * 3 // 2:
-                self.depth = ctl.shrink(0.75)
+            d = self.depth
+            ctl.update(pf.fetch_latency.recent(256), not pf.saturated and held < cap)
+            if held:
+                # held keys grow about linearly with depth: stay where they fit the cap
+                ctl.limit(d * cap // held)
+            self.depth = ctl.depth
             pf.depth = self.depth
         return rec
 
