@@ -685,8 +685,11 @@ class CacheManager(ReadPath, KeyView):
                 prefetch = dict(pf.stats())
             snap = self._stats.snapshot({"heap": heap_extra}, wb, prefetch)
         for name, level in zip(self._level_names, self._levels):
+            # A level whose exact count is costly (an unbounded Redis: a SCAN) offers a cheap
+            # estimate; stats() is polled by exporters and must not scan on every call.
+            used = getattr(level, "used_bytes_estimate", None) or level.used_bytes
             try:
-                snap["levels"][name]["used_bytes"] = level.used_bytes()
+                snap["levels"][name]["used_bytes"] = used()
             except Exception:
                 snap["levels"][name]["used_bytes"] = None
         if self._records is not None:

@@ -45,6 +45,7 @@ __all__ = ["RedisLevel", "glob_escape"]
 T = TypeVar("T")
 _CHUNK = 1000
 _PAGE = 128
+_USED_TTL = 10.0   # seconds an unbounded level's byte count is reused by stats()
 _GLOB = re.compile(rb"([*?\[\]\\])")
 
 
@@ -89,6 +90,7 @@ class RedisLevel:
         self._server: Any = None        # mlcache._redis_server.RedisServer for "embedded"
         self._server_pid: int | None = None
         self._accounting_ready = False
+        self._used_cache: tuple[float, int, float] | None = None   # (when, bytes, seconds taken)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -381,6 +383,21 @@ class RedisLevel:
             return sum(sum(self._sizes(client, page)) for page in self._scan_pages(client, b""))
 
         return self._run("used_bytes", summed)
+
+    def used_bytes_estimate(self) -> int:
+        """``used_bytes`` for ``manager.stats()``, which dashboards poll: O(1) when bounded (the
+        counter); unbounded, a full count is a SCAN plus a STRLEN per key, so the last count is
+        reused for ``_USED_TTL`` seconds, or a hundred times as long as it took, whichever is
+        longer (a poll loop then spends at most ~1% of Redis's time counting)."""
+        if self.max_bytes is not None:
+            return self.used_bytes()
+        now = time.monotonic()
+        cached = self._used_cache
+        if cached is not None and now - cached[0] < max(_USED_TTL, 100 * cached[2]):
+            return cached[1]
+        used = self.used_bytes()
+        self._used_cache = (now, used, time.monotonic() - now)
+        return used
 
     def ping(self) -> bool:
         return bool(self._run("ping", lambda client: client.ping()))
