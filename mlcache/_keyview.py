@@ -59,6 +59,7 @@ class KeyView:
     def __init__(self, prefix: bytes) -> None:
         self._prefix = prefix
         self._memo: dict[Any, bytes] = {}
+        self._memo_max = _MEMO_MAX
 
     def _kb(self, key: Any) -> bytes:
         if type(key) in _SIMPLE_KEYS:
@@ -76,7 +77,7 @@ class KeyView:
                 return kb
             kb = self._prefix + _encode(key, flat)
         memo = self._memo
-        if len(memo) >= _MEMO_MAX:
+        if len(memo) >= self._memo_max:
             memo.clear()
         memo[key] = kb
         return kb

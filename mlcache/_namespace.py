@@ -19,6 +19,7 @@ class Namespace(KeyView):
 
     def __init__(self, manager: "CacheManager", name: str) -> None:
         super().__init__(namespace_prefix(f"{manager.config.namespace}/{name}"))
+        self._memo_max = manager._memo_max
         self.manager = manager
         self.name = name
 

@@ -39,6 +39,9 @@ _MISSING = MISSING
 _IMMUTABLE = IMMUTABLE
 _SIMPLE_KEYS = frozenset((str, int, bytes))
 _READ_BATCH = 64
+# Measured per resident entry beside its value: key bytes, slots in the heap's data/weights
+# dicts and dirty set, the policy's node, the mutation digest (tests/test_reliability_memory).
+_ENTRY_OVERHEAD = 360
 
 _STRUCTURES: dict[str, Callable[..., Any]] = {}
 
@@ -73,6 +76,11 @@ class CacheManager(ReadPath, KeyView):
         if not isinstance(config, CacheConfig):
             raise ConfigError("config", f"must be a CacheConfig, got {type(config).__name__}")
         super().__init__(namespace_prefix(config.namespace))
+        heap_bytes = config.heap.max_bytes if config.heap is not None else None
+        if heap_bytes is not None:
+            # Memory the heap budget must cover beside the values (tests/test_reliability_memory):
+            # the key memo is sized to a few percent of it.
+            self._memo_max = max(1024, min(self._memo_max, heap_bytes // 2048))
         self.config = config
         self._lock = threading.RLock()
         self._codec = Codec(config.signing_key, config.allow_pickle)
@@ -105,6 +113,12 @@ class CacheManager(ReadPath, KeyView):
                              retry_attempts=config.retry_attempts,
                              retry_backoff=config.retry_backoff,
                              writer_threads=config.writer_threads)
+        if self._heap is not None and heap_bytes is not None:
+            if self._heap.policy.name != "dedup":
+                # (the record cache's max_bytes_buffering counts record bytes, as in KIP-63)
+                self._heap.entry_overhead = _ENTRY_OVERHEAD
+            # Dirty victims on their way down left the heap's accounting but not memory.
+            self._wb.buffer_bytes_max = max(64 * 1024, heap_bytes // 20)
         self._data: dict[bytes, Any] = self._heap.data if self._heap is not None else {}
         self._access = self._heap.policy.access if self._heap is not None else None
         self._track = bool(config.heap is not None and config.heap.track_mutations)

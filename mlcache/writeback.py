@@ -46,14 +46,55 @@ _LINGER = 0.005  # a writer waits this long for a batch to fill before writing a
 _WLOG = 64       # writes remembered for readers that overlapped them (``moved_since``)
 
 
+class _Pending(dict):
+    """An ordered dict of encoded entries that keeps the total length of its values, so the
+    buffer can be bounded in bytes (it holds memory the heap budget no longer counts)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+
+    def __setitem__(self, key: bytes, data: bytes) -> None:
+        old = dict.get(self, key)
+        if old is not None:
+            self.nbytes -= len(old)
+        dict.__setitem__(self, key, data)
+        self.nbytes += len(data)
+
+    def __delitem__(self, key: bytes) -> None:
+        self.nbytes -= len(dict.pop(self, key))
+
+    _NONE: Any = object()
+
+    def pop(self, key: bytes, default: Any = _NONE) -> Any:
+        if default is _Pending._NONE:
+            data = dict.pop(self, key)
+        else:
+            data = dict.pop(self, key, None)
+            if data is None:
+                return default
+        self.nbytes -= len(data)
+        return data
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.nbytes = 0
+
+
 class EvictionBuffer:
     """Encoded entries on their way down, one ordered dict per destination level."""
 
     def __init__(self, levels: int) -> None:
-        self.pending: list[dict[bytes, bytes]] = [{} for _ in range(levels)]
+        self.pending: list[dict[bytes, bytes]] = [_Pending() for _ in range(levels)]
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.pending)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pending)  # type: ignore[attr-defined]
 
     def add(self, index: int, key: bytes, data: bytes) -> None:
         p = self.pending[index]
@@ -91,6 +132,7 @@ class WriteBack:
         self.stats = stats
         self.batch_size = batch_size
         self.buffer_max = buffer_max
+        self.buffer_bytes_max: int | None = None   # set by the manager from the heap budget
         self.retry_attempts = retry_attempts
         self.retry_backoff = retry_backoff
         self.writer_threads = writer_threads if self.levels else 0
@@ -121,7 +163,10 @@ class WriteBack:
         self._wake.set()
 
     def needs_room(self) -> bool:
-        return len(self.buffer) > self.buffer_max
+        if len(self.buffer) > self.buffer_max:
+            return True
+        limit = self.buffer_bytes_max
+        return limit is not None and len(self.buffer) > 1 and self.buffer.nbytes > limit
 
     def _log_write(self, keys: Iterable[bytes] | None) -> None:
         """Lock held, right after ``wseq`` became odd: the keys this write may move."""
@@ -325,7 +370,7 @@ class WriteBack:
 
     def make_room(self) -> None:
         """Called by a put after the buffer outgrew ``buffer_max``: write until it fits."""
-        while len(self.buffer) > self.buffer_max:
+        while self.needs_room():
             try:
                 if self.tombstones:
                     self._with_retries(self.flush_tombstones)

@@ -29,6 +29,7 @@ __all__ = ["HeapLevel", "estimate_size", "resolve_policy"]
 _SAMPLE = 32
 _MAX_DEPTH = 3
 _SCALARS = (int, float, bool, str, bytes, type(None), complex)
+_FLAT = frozenset((bytes, str, bytearray, int, float, bool, type(None)))
 
 
 def estimate_size(value: Any, _depth: int = 0) -> int:
@@ -83,6 +84,9 @@ class HeapLevel:
 
     name = "heap"
     shared = False
+    # Bytes charged per entry for the bookkeeping around the value (key object, dict slots,
+    # policy node, dirty flag); the manager sets it, a bare HeapLevel charges values only.
+    entry_overhead = 0
 
     def __init__(self, config: HeapConfig) -> None:
         self.config = config
@@ -122,7 +126,12 @@ class HeapLevel:
     def weigh(self, value: Any, size: int | None) -> int:
         if not self.by_bytes:
             return 1
-        return max(1, size if size is not None else estimate_size(value))
+        if size is None or type(value) not in _FLAT:
+            # The budget is memory: a container takes several times its encoded size (a dict
+            # of 24 floats: ~280 bytes of msgpack, ~1.6 KB of objects), so never weigh it less.
+            estimate = estimate_size(value)
+            size = estimate if size is None else max(size, estimate)
+        return max(1, size + self.entry_overhead)
 
     def insert(self, key: bytes, value: Any, *, dirty: bool, size: int | None = None,
                ts: float | None = None) -> list[tuple[bytes, Any, bool]]:
