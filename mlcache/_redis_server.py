@@ -72,7 +72,7 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         args += self.extra_args
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)   # a caller-chosen dir may not exist yet
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)   # a caller-chosen dir may be new
         log = open(os.path.join(self.directory, "redis.log"), "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
