@@ -302,3 +302,13 @@ def test_spark_conf_settings_reach_the_executors(spark, tmp_path, unique_ns):
     spark.sparkContext.parallelize(data, 2).partitionBy(2, _partitioner).mapPartitions(count).collect()
     assert cache.snapshot() == dict(Counter(k for k, _ in data))
     assert os.path.isdir(str(tmp_path / "conf-disk"))
+
+
+def test_demo_pipeline_keeps_exact_per_card_state(spark, tmp_path):
+    from mlcache.demo_spark import run_pipeline
+
+    r = run_pipeline(spark, variant="mlcache", events=3_000, cards=600, batches=2,
+                     workdir=str(tmp_path), progress=False)
+    assert r.batches == 2 and r.mismatches == 0
+    assert 2 * r.heap_entries_per_worker < r.cards   # the state does not fit in the heaps
+    assert r.creations and all(n == 1 for n in r.creations.values())
