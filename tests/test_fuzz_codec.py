@@ -157,7 +157,7 @@ def _properties(n: int):
     return random_bytes, mutated_msgpack, mutated_pickle
 
 
-CI_EXAMPLES = int(os.environ.get("FUZZ_CI_EXAMPLES", "1000"))
+CI_EXAMPLES = int(os.environ.get("FUZZ_CI_EXAMPLES", "800"))
 STRESS_EXAMPLES = int(os.environ.get("FUZZ_SCALE", "35000"))
 
 

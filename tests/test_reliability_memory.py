@@ -120,7 +120,7 @@ def test_heap_and_rss_stay_within_budget_with_10x_state(redis_url):
 
 @pytest.mark.stress
 def test_heap_and_rss_stay_within_budget_stress(redis_url):
-    _check(redis_url, budget=32 << 20, ops=600_000)
+    _check(redis_url, budget=32 << 20, ops=200_000)
 
 
 # -- the accounting fixes the bound needed (regression tests) --------------------------------
