@@ -147,6 +147,9 @@ def _lost(client, m: CacheManager, acked: list[dict[int, int]]) -> list:
 
 def test_redis_sigkill_mid_workload_loses_no_acknowledged_write(tmp_path):
     out = _redis_kill_workload(tmp_path, threads=4, kills=2, outage=0.6, run_between=1.5)
+    print("\nredis SIGKILL x2:", {k: out[k] for k in ("errors_seen", "checkpoints", "writes")},
+          {k: out["stats"].get(k) for k in ("writer_errors", "requeued", "retries")},
+          "lost:", len(out["lost_dirty"]))
     assert out["lost_dirty"] == []
     assert out["checkpoints"] > 0
     assert out["errors_seen"].get("LevelUnavailableError", 0) > 0, out
@@ -155,6 +158,9 @@ def test_redis_sigkill_mid_workload_loses_no_acknowledged_write(tmp_path):
 @pytest.mark.stress
 def test_redis_sigkill_stress(tmp_path):
     out = _redis_kill_workload(tmp_path, threads=8, kills=10, outage=1.0, run_between=3.0)
+    print("\nredis SIGKILL x10:", {k: out[k] for k in ("errors_seen", "checkpoints", "writes")},
+          {k: out["stats"].get(k) for k in ("writer_errors", "requeued", "retries")},
+          "lost:", len(out["lost_dirty"]))
     assert out["lost_dirty"] == [] and out["checkpoints"] > 0
 
 
@@ -171,8 +177,16 @@ _CHILD = textwrap.dedent("""
     m.delete_many(range(0, n, 7))
     for i in range(0, n, 5):
         m.put(i, {"i": i, "v": 2})
+    # the structures keep their contents in entries too
+    d, lst, st = m.dict("profiles"), m.list("events"), m.set("tags")
+    d.update({f"u{i}": [i, i * 2] for i in range(300)})
+    lst.extend(range(2500))
+    st.update(range(0, 900, 3))
+    del d["u7"]
     m.checkpoint()
     print("CHECKPOINTED", flush=True)
+    d["late"] = 1
+    lst.append(-1)
     # writes after the checkpoint: they may or may not survive, but never as a wrong value
     i = n
     while True:
@@ -226,6 +240,11 @@ def test_process_sigkilled_after_checkpoint_restores_every_checkpointed_entry(
         assert lost == [], f"{len(lost)} checkpointed entries lost or wrong, e.g. {lost[:5]}"
         late = m.get_many(range(n, n + 5000))
         assert all(v == {"i": k, "late": True} for k, v in late.items())
+        d = m.dict("profiles")
+        want = {f"u{i}": [i, i * 2] for i in range(300) if i != 7}
+        assert {k: d[k] for k in want} == want and "u7" not in d
+        assert list(m.list("events"))[:2500] == list(range(2500))
+        assert set(m.set("tags")) == set(range(0, 900, 3))
 
 
 # -- the store of record runs out of space ---------------------------------------------------
