@@ -12,17 +12,20 @@ few bytes per entry:
   per cache entry (``capacity`` words in total), as in Caffeine's ``FrequencySketch``.
 * Aging ("reset"): after ``10 × capacity`` increments every counter is halved, so the sketch
   follows a popularity that changes over time instead of remembering all of history.
-* Hashing is process-local (Python's ``hash`` mixed with a per-sketch random seed): cheap, and
-  a different seed per sketch means an attacker cannot precompute colliding keys. It is never
-  used for anything that crosses a process boundary.
+* Hashing is process-local: a key is mixed with a per-sketch seed by CPython's tuple hash,
+  ``hash((key, seed))`` (Python's ``hash`` of the key, which is randomised per process for
+  str/bytes, then two xxHash-style rounds in C), and the four rows are double-hashing steps of
+  that one value. It is never used for anything that crosses a process boundary.
 
-Cost model (why the API is split in two). A Python-level count-min increment costs ~1 µs (four
-index computations and nibble updates). Increments are therefore *buffered* by the caller and
-applied in batches by :meth:`increment_hashes`, vectorised with numpy over a view of the same
-``bytearray`` (~0.1 µs per key amortised). Estimates stay plain Python indexing into the
-``bytearray`` (:meth:`frequency_of_hash`, ~0.5 µs), because admission needs exactly two per miss
-and a numpy call per miss would cost more than it saves. Callers add the exact count of the
-increments still in their buffer to an estimate, so buffering does not blur admission.
+Cost model (why the API is split in two). Increments are *buffered* by the caller and applied
+in batches by :meth:`increment_mixed` / :meth:`increment_hashes`, vectorised with numpy over a
+view of the same ``bytearray`` (a dense pass over a small table, touched nibbles only over a
+large one). Estimates stay plain Python indexing into the ``bytearray``
+(:meth:`frequency_of_mixed`: small-int adds and masks, no 64-bit multiplies), because
+admission needs one or two per miss and a numpy call per miss would cost more than it saves.
+Callers add the exact count of the increments still in their buffer to an estimate, so
+buffering does not blur admission. Numpy's fixed cost per call dominates small batches:
+callers should drain thousands of keys at a time, not hundreds.
 
 References: Cormode & Muthukrishnan, "An improved data stream summary: the count-min sketch"
 (2005); Caffeine's ``FrequencySketch`` (Ben Manes).
@@ -30,18 +33,12 @@ References: Cormode & Muthukrishnan, "An improved data stream summary: the count
 from __future__ import annotations
 
 import random
+from itertools import repeat
 from typing import Hashable, Iterable
 
 import numpy as np
 
 __all__ = ["FrequencySketch"]
-
-_M64 = (1 << 64) - 1
-_MIX = 0x9E3779B97F4A7C15  # golden-ratio multiplier: spreads small integers over 64 bits
-# One odd multiplier per row: four multiplicative ("Fibonacci") hashes of the mixed hash.
-_ROWS = (0xC3A5C85C97CB3127, 0xB492B66FBE98F273, 0x9AE16A3B2F90404F, 0xCBF29CE484222325)
-_ROWS_NP = np.array(_ROWS, dtype=np.uint64).reshape(4, 1)
-# One odd multiplier per row: four "independent" multiplicative hashes of the mixed hash.
 
 
 def _pow2_at_least(n: int) -> int:
@@ -49,7 +46,16 @@ def _pow2_at_least(n: int) -> int:
 
 
 class FrequencySketch:
-    """Approximate access counts (0..15) of keys for a cache of about ``capacity`` entries."""
+    """Approximate access counts (0..15) of keys for a cache of about ``capacity`` entries.
+
+    Indexing: a key ``x`` (or, in the ``*_hashes`` API, a key's ``hash``) is mixed with the
+    sketch's seed into ``m = hash((x, seed))`` (CPython's tuple hash: two xxHash-style
+    multiply-rotate rounds, in C). Row ``r`` uses counter ``(m + r * b) mod width`` with
+    ``b = (m >> 32) | 1`` (Kirsch-Mitzenmacher double hashing: one mixed hash, four
+    near-independent indices). In Python every step is a small-int add or mask, and numpy
+    computes the same indices on ``int64`` (its wrap-around keeps the low bits Python's
+    unbounded ints have).
+    """
 
     depth = 4
 
@@ -58,14 +64,14 @@ class FrequencySketch:
             from .errors import ConfigError
 
             raise ConfigError("sketch.capacity", f"must be a positive integer, got {capacity!r}")
-        self._seed = (random.getrandbits(64) if seed is None else seed) & _M64
+        self._seed = random.getrandbits(62) if seed is None else int(seed)
         self._sample_factor = sample_factor
         self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
         self.capacity = capacity
         self.width = _pow2_at_least(max(16, 4 * capacity))  # counters per row
-        self._shift = 64 - (self.width.bit_length() - 1)
+        self.mask = self.width - 1
         # 4 rows x width nibbles = 2 x width bytes per row; row r starts at nibble r * width.
         self.table = bytearray(self.depth * self.width // 2)
         self._np = np.frombuffer(self.table, dtype=np.uint8)
@@ -73,36 +79,48 @@ class FrequencySketch:
         self.sample_size = self._sample_factor * capacity
         self.additions = 0
         self.resets = 0
-        self._offsets = np.arange(self.depth, dtype=np.uint64).reshape(4, 1) * np.uint64(self.width)
-        self._seed_np = np.uint64(self._seed)
-        self._offsets = np.arange(self.depth, dtype=np.uint64).reshape(4, 1) * np.uint64(self.width)
+        self._offsets = np.arange(self.depth, dtype=np.int64).reshape(self.depth, 1) * self.width
+        self._steps = np.arange(self.depth, dtype=np.int64).reshape(self.depth, 1)
 
     def ensure_capacity(self, capacity: int) -> None:
         """Grow (and clear) the sketch when the cache holds more entries than it was sized for."""
         if capacity > self.capacity:
             self._allocate(_pow2_at_least(capacity))
 
+    # -- mixing ---------------------------------------------------------------------------------
+
+    def mix(self, x: Hashable) -> int:
+        """The mixed hash of a key (or of a key's hash) that indexes the rows."""
+        return hash((x, self._seed))
+
+    def mix_many(self, xs: Iterable[Hashable]) -> list[int]:
+        return list(map(hash, zip(xs, repeat(self._seed))))
+
     # -- estimates (plain Python, exact same arithmetic as the numpy path) --------------------
 
     def frequency(self, key: Hashable) -> int:
-        return self.frequency_of_hash(hash(key))
+        return self.frequency_of_mixed(hash((hash(key), self._seed)))
 
     def frequency_of_hash(self, h: int) -> int:
-        h = (((h ^ self._seed) & _M64) * _MIX) & _M64
-        h ^= h >> 32
-        s, w, t = self._shift, self.width, self.table
-        r0, r1, r2, r3 = _ROWS
-        i = ((h * r0) & _M64) >> s
+        return self.frequency_of_mixed(hash((h, self._seed)))
+
+    def frequency_of_mixed(self, m: int) -> int:
+        t, w, mask = self.table, self.width, self.mask
+        b = (m >> 32) | 1
+        i = m & mask
         f = (t[i >> 1] >> ((i & 1) << 2)) & 15
-        i = (((h * r1) & _M64) >> s) + w
+        m += b
+        i = (m & mask) + w
         c = (t[i >> 1] >> ((i & 1) << 2)) & 15
         if c < f:
             f = c
-        i = (((h * r2) & _M64) >> s) + 2 * w
+        m += b
+        i = (m & mask) + 2 * w
         c = (t[i >> 1] >> ((i & 1) << 2)) & 15
         if c < f:
             f = c
-        i = (((h * r3) & _M64) >> s) + 3 * w
+        m += b
+        i = (m & mask) + 3 * w
         c = (t[i >> 1] >> ((i & 1) << 2)) & 15
         return c if c < f else f
 
@@ -115,35 +133,61 @@ class FrequencySketch:
         self.increment_hashes(list(map(hash, keys)))
 
     def increment_hashes(self, hashes: list[int], counts: list[int] | None = None) -> None:
-        """Count ``counts[i]`` (default 1) more uses of ``hashes[i]``, saturating at 15.
+        """Count ``counts[i]`` (default 1) more uses of the key whose ``hash`` is ``hashes[i]``.
 
         With ``counts``, the hashes must be distinct (callers aggregate, e.g. in a dict).
         """
-        if not hashes:
+        self.increment_mixed(self.mix_many(hashes), counts)
+
+    def increment_mixed(self, mixed: list[int], counts: list[int] | None = None) -> None:
+        """:meth:`increment_hashes` for mixed hashes (:meth:`mix`), saturating at 15."""
+        if not mixed:
             return
-        h = np.array(hashes, dtype=np.int64).view(np.uint64)
+        m = np.array(mixed, dtype=np.int64)
         if counts is None:  # repeated keys: one update of their summed count
-            h, c = np.unique(h, return_counts=True)
-            c = c.astype(np.int16)
+            m, c = np.unique(m, return_counts=True)
         else:
-            c = np.minimum(np.array(counts, dtype=np.int64), 15).astype(np.int16)
-        n = len(h)
-        h = (h ^ self._seed_np) * np.uint64(_MIX)
-        h ^= h >> np.uint64(32)
-        idx = ((h.reshape(1, n) * _ROWS_NP) >> np.uint64(self._shift)) + self._offsets
-        idx = idx.ravel().astype(np.intp)
+            c = np.array(counts, dtype=np.int64)
+        np.minimum(c, 15, out=c)
+        n = len(m)
+        b = (m >> 32) | 1
+        idx = ((m.reshape(1, n) + self._steps * b.reshape(1, n)) & self.mask) + self._offsets
+        idx = idx.ravel()
+        table = self._np
+        size = 2 * len(table)
+        if size <= 16 * len(idx):
+            # Small table (the common case: a batch touches a good part of it): one dense pass.
+            # bincount sums increments of keys sharing a counter; nibbles are unpacked,
+            # added, saturated and packed back with whole-array operations.
+            inc = np.bincount(idx, weights=np.tile(c, self.depth), minlength=size)
+            nib = np.empty(size, dtype=np.int16)
+            nib[0::2] = table & 15
+            nib[1::2] = table >> 4
+            live = nib[idx].reshape(self.depth, n).min(axis=0) < 15  # saturated: no addition
+            nib += np.minimum(inc, 15).astype(np.int16)
+            np.minimum(nib, 15, out=nib)
+            table[:] = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
+            total = int(c[live].sum())
+        else:
+            total = self._increment_sparse(idx, c, n)
+        self.additions += total
+        if self.additions >= self.sample_size:
+            self.reset()
+
+    def _increment_sparse(self, idx: np.ndarray, c: np.ndarray, n: int) -> int:
+        """Update only the touched nibbles (a large table); returns the additions counted."""
+        idx = idx.astype(np.intp)
         # Sum the increments per counter in a scratch array (add.at handles two keys sharing a
         # counter without sorting), then write each touched nibble's saturated value. Even and
         # odd nibbles are written in separate passes so no byte is rewritten within a pass;
         # duplicates of one nibble write the same value.
         acc = self._acc
-        np.add.at(acc, idx, np.tile(c, self.depth))
+        np.add.at(acc, idx, np.tile(c.astype(np.int16), self.depth))
         table = self._np
         byte = idx >> 1
         odd = (idx & 1).astype(bool)
         cur = np.where(odd, table[byte] >> 4, table[byte] & 15).astype(np.int16)
         live = cur.reshape(self.depth, n).min(axis=0) < 15  # Caffeine: saturated != addition
-        total = int(c[live].sum())
         new = np.minimum(cur + acc[idx], 15).astype(np.uint8)
         acc[idx] = 0
         even = ~odd
@@ -151,9 +195,7 @@ class FrequencySketch:
         table[be] = (table[be] & 0xF0) | new[even]
         bo = byte[odd]
         table[bo] = (table[bo] & 0x0F) | (new[odd] << 4)
-        self.additions += total
-        if self.additions >= self.sample_size:
-            self.reset()
+        return int(c[live].sum())
 
     def reset(self) -> None:
         """Halve every counter (the aging step)."""

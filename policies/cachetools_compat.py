@@ -17,6 +17,7 @@ per-access Python work is what a pure-Python cache pays, so it is kept to one ca
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterator
 
 import cachetools
@@ -55,43 +56,45 @@ class _PolicyCache(cachetools.Cache):
             if self._plain_missing:
                 raise KeyError(key)  # what cachetools.Cache.__missing__ does, one call less
             return self.__missing__(key)
-        hot = self._hot
-        if key in hot:  # the common hit, inlined: W-TinyLFU's protected segment
-            hot.move_to_end(key)
-            counts = self._counts
-            counts[key] = counts.get(key, 0) + 1
-        else:
+        try:  # the common hit, inlined: W-TinyLFU's protected segment
+            self._hot.move_to_end(key)
+        except KeyError:
             self._access(key)
+            return value
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
         return value
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self._data.get(key, _MISSING)
         if value is _MISSING:
             return default
-        hot = self._hot
-        if key in hot:
-            hot.move_to_end(key)
-            counts = self._counts
-            counts[key] = counts.get(key, 0) + 1
-        else:
+        try:
+            self._hot.move_to_end(key)
+        except KeyError:
             self._access(key)
+            return value
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
         return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
         data = self._data
-        if self._sizes is None:
+        if self._unit:  # no getsizeof, maxsize >= 1
             if key in data:
                 data[key] = value
                 self._access(key)
                 return
-            if self._maxsize < 1:
-                raise ValueError("value too large")
             data[key] = value
-            victims = self._add(key)
-            if victims:
-                for victim in victims:
+            lost = self._miss(key)
+            if type(lost) is list:  # the policy's general path: any number of victims
+                for victim in lost:
                     del data[victim]
+            else:
+                del data[lost]
             return
+        if self._sizes is None:
+            raise ValueError("value too large")  # maxsize 0
         sizes = self._sizes
         size = self.getsizeof(value)
         if size > self._maxsize:
@@ -162,10 +165,12 @@ class _PolicyCache(cachetools.Cache):
         self._access = policy.access
         self._insert = policy.insert
         # The unit-weight miss path: the key is known to be absent, skip the policy's checks.
-        self._add = getattr(policy, "_add", policy.insert)
+        self._miss = getattr(policy, "_miss", None) or (lambda key: policy.insert(key, 1))
+        self._unit = self._sizes is None and self._maxsize >= 1
         # W-TinyLFU's hit on a protected entry is "move to the MRU end, count one use"; the
         # cache does it itself (one call less per hit). The dicts are never rebound.
-        self._hot = getattr(policy, "_protected", {})
+        hot = getattr(policy, "_protected", None)
+        self._hot = OrderedDict() if hot is None else hot
         self._counts = getattr(policy, "_pending", {})
 
     def clear(self) -> None:

@@ -131,3 +131,19 @@ def test_tacache_orders_by_event_time():
     cache.hint("a", 100.0)  # "a" is expected at t=100: renewed
     cache["d"] = "d"
     assert "b" not in cache and "a" in cache
+
+
+def test_tinylfu_equal_but_distinct_keys_stay_consistent():
+    # Keys that are equal but not the same object (ints > 256 rebuilt, as from a parser): the
+    # policy's cached victim must be recognised by equality when it is hit and promoted.
+    rng = random.Random(3)
+    cache = TinyLFUCache(maxsize=50)
+    for _ in range(20_000):
+        k = int(str(1000 + int(rng.paretovariate(1.0) * 10) % 400))
+        try:
+            assert cache[k] == k
+        except KeyError:
+            cache[k] = k
+        assert len(cache) <= 50
+    policy = cache._policy
+    assert len(policy) == len(cache) and all(k in cache for k in policy.keys())
