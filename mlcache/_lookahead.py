@@ -252,11 +252,11 @@ class Lookahead(Iterator[Any]):
             # slack says.
             held = max(len(self._window_keys), pf.waiting())
             cap = self._max_waiting or max(64, len(getattr(self._m, "_data", ())) // 2)
-            d = self.depth
             ctl.update(pf.fetch_latency.recent(256), not pf.saturated and held < cap)
             if held:
-                # held keys grow about linearly with depth: stay where they fit the cap
-                ctl.limit(d * cap // held)
+                # held keys grow about linearly with the records read ahead: stay where they
+                # would fit the cap
+                ctl.limit(len(self._queue) * cap // held)
             self.depth = ctl.depth
             pf.depth = self.depth
         return rec
