@@ -184,6 +184,11 @@ class WTinyLFUPolicy(BasePolicy):
         if weight > self.capacity:
             pending = self._pending
             pending[key] = pending.get(key, 0) + 1
+            countdown = self._countdown - 1  # a refused insert is a miss: it counts to a drain
+            if countdown:
+                self._countdown = countdown
+            else:
+                self._drain()
             return [key]
         if weight != 1:
             self._unit = self._steady = False
