@@ -55,14 +55,16 @@ def check_invariants(a: ArenaLevel) -> None:
         index_bytes += ENTRY_OVERHEAD + len(key)
     free_total = 0
     avail = 0
-    for n, runs in enumerate(a._runs):
-        if runs:
+    wpb = a.block_size // 4
+    for n in range(1, bpb):
+        head, back = a._heads[n], 0
+        if head:
             avail |= 1 << n
-        for pos, head in enumerate(runs):
+        while head:
             b, i = head >> shift, head & a._mask
             assert 1 <= i and i + n <= bpb, "a free run outside its buffer"
             assert a._next[b][i] == n and a._next[b][i + n - 1] == n, "run length tags"
-            assert a._prev[b][i] == pos, "a run's recorded position in its list"
+            assert a._words[b][i * wpb + 1] == back, "a run's back link"
             assert i == 1 or a._len[b][i - 1] != _FREE, "two free runs not merged"
             assert i + n == bpb or a._len[b][i + n] != _FREE, "two free runs not merged"
             for addr in range(head, head + n):
@@ -70,6 +72,7 @@ def check_invariants(a: ArenaLevel) -> None:
                 owner[addr] = None
                 assert a._len[b][addr & a._mask] == _FREE
             free_total += n
+            back, head = head, a._words[b][i * wpb]
     assert a._avail == avail, "the bitmap of run lengths"
     assert len(owner) == len(a._maps) * (bpb - 1), "a block is in no chain and no free list"
     assert a.data_bytes == data

@@ -4,10 +4,9 @@ Memory is a set of equal *buffers* (anonymous ``mmap``), each cut into equal *bl
 of every buffer holds the metadata of all its blocks, 8 bytes each, as three packed arrays read
 through ``memoryview.cast``::
 
-    prev  u32  used block: address of the previous block of the same entry, 0 = first block
-               free run's first block: its position in its size class's list
+    prev  u32  address of the previous block of the same entry, 0 = first block
     len   u16  bytes used in the block; 0xFFFF marks a free block
-    next  u16  free run's first and last block: the run's length in blocks
+    next  u16  on the first and last block of a free run: the run's length in blocks
 
 An *address* is ``buffer << shift | block``; address 0 is buffer 0's metadata block, so it
 doubles as "none". An entry is a backward-linked chain known by the address of its last block;
@@ -15,9 +14,10 @@ every block but the last is full.
 
 Free space is kept as *runs*: maximal stretches of free blocks of one buffer, their length
 written at both ends (boundary tags, so freeing merges with free neighbours in O(1)). Each run
-is in the free list of its length (one compact ``array`` of first-block addresses per length,
-its position recorded in the run's metadata so it can be unlinked in O(1)), and a bitmap says
-which lengths have runs. Allocating k blocks takes the shortest run of at least k (lowest set
+is in the free list of its length, a doubly-linked list threaded through the first 8 bytes of
+each run's first block (free memory, as Pravega threads its free lists through the buffer),
+with one head per length and a bitmap of the lengths that have runs; linking and unlinking a
+run is O(1). Allocating k blocks takes the shortest run of at least k (lowest set
 bit of ``bitmap >> k``), so an entry is one contiguous run whenever one exists: written with one
 copy, read with one slice, freed with one merge. Only when no run is long enough are the
 longest runs chained (still one copy each), and only when no block is free is a buffer mapped,
@@ -30,7 +30,7 @@ import mmap
 from array import array
 from typing import Any
 
-__all__ = ["BlockStore", "BUFFER_OVERHEAD", "run_list_bytes"]
+__all__ = ["BlockStore", "BUFFER_OVERHEAD"]
 
 BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, memoryviews, list slots (+ 4 B/block)
 
@@ -41,18 +41,6 @@ _PAGE = mmap.PAGESIZE
 # Fault a new buffer's pages in with one call rather than one fault per page on first write
 # (about twice as fast here): the buffer is preallocated memory, as in Pravega.
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-
-
-def run_list_bytes(bpb: int) -> int:
-    """Worst-case bytes one buffer adds to the run lists.
-
-    A buffer holds at most ``bpb // (n + 1)`` runs of length ``n`` (runs are maximal, so two
-    are separated by a used block), and an ``array`` never shrinks when popped, so each
-    length's list may keep its peak: 4 bytes per run at every length's peak, plus array
-    over-allocation (1/16 and a few slots).
-    """
-    slots = sum(bpb // (n + 1) for n in range(1, bpb))
-    return 4 * (slots + (slots >> 4)) + 64
 
 
 class BlockStore:
@@ -70,16 +58,16 @@ class BlockStore:
         bpb = self.blocks_per_buffer = size // bs
         self._shift = (bpb - 1).bit_length()
         self._mask = (1 << self._shift) - 1
-        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes),
-        # + the worst case this buffer's runs can add to the run lists
-        self._buffer_cost = (-(-size // _PAGE) * _PAGE + buffer_overhead + 4 * bpb
-                             + run_list_bytes(bpb))
+        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes)
+        self._buffer_cost = -(-size // _PAGE) * _PAGE + buffer_overhead + 4 * bpb
+        self._wpb = bs // 4                        # u32 words per block
         self._maps: list[mmap.mmap] = []
         self._views: list[memoryview] = []
         self._prev: list[memoryview] = []
         self._len: list[memoryview] = []
         self._next: list[memoryview] = []
-        self._runs: list[array] = [array("I") for _ in range(bpb)]   # by length; [0] unused
+        self._words: list[memoryview] = []      # per buffer: the whole buffer as u32 words
+        self._heads = array("I", [0]) * bpb     # first run of each length (0: none)
         self._avail = 0                    # bit n set: some run of n blocks is free
         self._free_blocks = 0
         self._free_lens = memoryview(array("H", [_FREE]) * bpb)
@@ -97,6 +85,7 @@ class BlockStore:
         base = len(self._addrs) << self._shift
         self._maps.append(m)
         self._views.append(view)
+        self._words.append(view.cast("I"))
         self._prev.append(prev)
         self._len.append(lens)
         self._next.append(nxt)
@@ -109,27 +98,68 @@ class BlockStore:
     # -- runs ---------------------------------------------------------------------------------
 
     def _push(self, addr: int, n: int) -> None:
-        """File the free run of ``n`` blocks starting at ``addr`` (its blocks already free)."""
-        runs = self._runs[n]
-        b = addr >> self._shift
+        """Link the free run of ``n`` blocks starting at ``addr`` (its blocks already free)."""
+        shift = self._shift
+        b = addr >> shift
         i = addr & self._mask
         nxt = self._next[b]
-        self._prev[b][i] = len(runs)
         nxt[i] = n
         nxt[i + n - 1] = n
-        runs.append(addr)
-        self._avail |= 1 << n
+        heads = self._heads
+        head = heads[n]
+        w = i * self._wpb
+        words = self._words[b]
+        words[w] = head
+        words[w + 1] = 0
+        if head:
+            self._words[head >> shift][(head & self._mask) * self._wpb + 1] = addr
+        else:
+            self._avail |= 1 << n
+        heads[n] = addr
 
     def _unlink(self, addr: int, n: int) -> None:
         """Take the run starting at ``addr`` out of the list of length ``n``."""
-        runs = self._runs[n]
-        moved = runs.pop()
-        if moved != addr:
-            pos = self._prev[addr >> self._shift][addr & self._mask]
-            runs[pos] = moved
-            self._prev[moved >> self._shift][moved & self._mask] = pos
-        elif not runs:
-            self._avail &= ~(1 << n)
+        shift = self._shift
+        mask = self._mask
+        wpb = self._wpb
+        words = self._words
+        w = (addr & mask) * wpb
+        fwd = words[addr >> shift][w]
+        back = words[addr >> shift][w + 1]
+        if back:
+            words[back >> shift][(back & mask) * wpb] = fwd
+        else:
+            self._heads[n] = fwd
+            if not fwd:
+                self._avail &= ~(1 << n)
+        if fwd:
+            words[fwd >> shift][(fwd & mask) * wpb + 1] = back
+
+    def _take(self, want: int) -> tuple[int, int]:
+        """The first ``k`` blocks of the shortest run of at least ``want`` (else the longest
+        run): ``(address, k)``. The rest of the run stays free."""
+        avail = self._avail
+        if not avail:
+            self._new_buffer()
+            avail = self._avail
+        m = avail >> want
+        n = (want + (m & -m).bit_length() - 1) if m else avail.bit_length() - 1
+        heads = self._heads
+        start = heads[n]
+        words = self._words
+        shift = self._shift
+        mask = self._mask
+        wpb = self._wpb
+        fwd = words[start >> shift][(start & mask) * wpb]
+        heads[n] = fwd
+        if fwd:
+            words[fwd >> shift][(fwd & mask) * wpb + 1] = 0
+        else:
+            self._avail = avail & ~(1 << n)
+        if n > want:
+            self._push(start + want, n - want)
+            return start, want
+        return start, n
 
     def _chain(self, data: Any, pos: int, end: int, prev: int) -> int:
         """Write ``data[pos:end]`` into new blocks chained after ``prev`` (0: a new entry).
@@ -158,19 +188,7 @@ class BlockStore:
                 self._push(start + k, n - k)
         while pos < end or not taken:
             if not start:
-                avail = self._avail
-                if not avail:
-                    self._new_buffer()
-                    avail = self._avail
-                m = avail >> want
-                n = (want + (m & -m).bit_length() - 1) if m else avail.bit_length() - 1
-                runs = self._runs[n]
-                start = runs.pop()
-                if not runs:
-                    self._avail = avail & ~(1 << n)
-                k = want if want < n else n
-                if n > k:
-                    self._push(start + k, n - k)
+                start, k = self._take(want)
             b = start >> shift
             i = start & mask
             j = i + k - 1
@@ -274,7 +292,7 @@ class BlockStore:
     def _unmap(self) -> None:
         """Release every buffer (``close``); a caller's view keeps its mapping alive."""
         self._addrs.clear()
-        for group in (self._prev, self._len, self._next, self._views):
+        for group in (self._prev, self._len, self._next, self._words, self._views):
             for view in group:
                 view.release()
             group.clear()
@@ -284,6 +302,7 @@ class BlockStore:
             except BufferError:
                 pass    # a caller still holds a view(); the mapping goes with that view
         self._maps.clear()
-        self._runs = [array("I") for _ in range(self.blocks_per_buffer)]
+        self._words.clear()
+        self._heads = array("I", [0]) * self.blocks_per_buffer
         self._avail = 0
         self._free_blocks = 0

@@ -95,8 +95,8 @@ class ArenaLevel(BlockStore):
         self._data_bytes = 0
         self._allocated = 0                                  # charged for mapped buffers
         # the fixed charge grows with the block tables (4 bytes per block of a buffer) and the
-        # run lists (an empty array and its list slot per run length)
-        self._fixed = LEVEL_OVERHEAD + 4 * bpb + 88 * bpb
+        # run-list heads (4 bytes per run length)
+        self._fixed = LEVEL_OVERHEAD + 8 * bpb
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
         self._policy = get_policy(cfg.policy)(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
@@ -170,7 +170,12 @@ class ArenaLevel(BlockStore):
         self._data_bytes -= size
         self._used_blocks -= (size + self.block_size - 1) // self.block_size or 1
         self._index_bytes -= ENTRY_OVERHEAD + len(key)
-        self._release(packed)
+        if packed & _CONTIG:      # one run: give it back whole, merged with its free neighbours
+            j = packed & self._mask
+            self._free_run((packed & _ADDR) >> self._shift,
+                           j - ((size + self.block_size - 1) // self.block_size or 1) + 1, j)
+        else:
+            self._release(packed)
 
     # -- eviction -----------------------------------------------------------------------------
 
@@ -331,67 +336,87 @@ class ArenaLevel(BlockStore):
                         self._drop(key, old)
             victims: Victims = []
             sink = victims if self.may_evict else None
-            bs = self.block_size
-            shift = self._shift
-            index = self._index
-            policy = self._policy
-            mask = self._mask
-            full = self._full_lens
+            store = self._store
             for key, value in items:
-                size = len(value)
-                blocks = (size + bs - 1) // bs or 1
-                charge = ENTRY_OVERHEAD + len(key)
-                old = index.get(key)
-                if old is not None:
-                    policy.remove(key)
-                    self._drop(key, old)
-                if blocks > self._free_blocks or self._index_bytes + charge > self._index_room:
-                    if not self._fits(blocks, self._index_bytes + charge):
-                        self._make_room(blocks, charge, key, sink)
-                self._index_bytes += charge
-                avail = self._avail
-                fit = avail >> blocks
-                if fit:
-                    # The shortest free run that holds the entry: one copy, slice metadata.
-                    n = blocks + (fit & -fit).bit_length() - 1
-                    runs = self._runs[n]
-                    start = runs.pop()
-                    if not runs:
-                        self._avail = avail & ~(1 << n)
-                    if n > blocks:
-                        self._push(start + blocks, n - blocks)
-                    self._free_blocks -= blocks
-                    b = start >> shift
-                    i = start & mask
-                    j = i + blocks - 1
-                    off = i * bs
-                    self._views[b][off:off + size] = value
-                    lens = self._len[b]
-                    prevs = self._prev[b]
-                    if blocks > 1:
-                        lens[i:j] = full[:blocks - 1]
-                        prevs[i + 1:j + 1] = self._addrs[b][i:j]
-                    lens[j] = size - (blocks - 1) * bs
-                    prevs[i] = 0
-                    last = start + blocks - 1 | _CONTIG
-                else:
-                    data = value if type(value) is not bytes else memoryview(value)
-                    last = self._chain(data, 0, size, 0)
-                index[key] = size << 33 | last
-                self._used_blocks += blocks
-                self._data_bytes += size
-                rejected = policy.insert(key, blocks * bs + charge)
-                if rejected:      # an admission policy declined or pushed out entries
-                    self._evict(rejected, sink)
+                store(key, value, sink)
             if victims and len(items) > 1:
                 # A key evicted and then written again by this batch: only its newest value
                 # may go below, and none while the newer one is still here.
                 last_values = dict(victims)
-                victims = [(k, v) for k, v in last_values.items() if k not in index]
+                victims = [(k, v) for k, v in last_values.items() if k not in self._index]
             return victims
 
     def put(self, key: bytes, value: bytes) -> Victims:
-        return self.put_many([(key, value)])
+        """One entry: ``put_many([(key, value)])`` without the batch handling (the hot path)."""
+        kind = type(value)
+        if type(key) is not bytes or (kind is not bytes and (
+                kind is not memoryview or value.format != "B" or value.ndim != 1)) \
+                or len(value) > self._small or not self.may_evict:
+            return self.put_many([(key, value)])
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            victims: Victims = []
+            self._store(key, value, victims)
+            return victims
+
+    def _store(self, key: bytes, value: Any, sink: Victims | None) -> None:
+        """Write one checked entry, evicting into ``sink`` for room (the lock is held)."""
+        bs = self.block_size
+        shift = self._shift
+        mask = self._mask
+        index = self._index
+        policy = self._policy
+        size = len(value)
+        blocks = (size + bs - 1) // bs or 1
+        charge = ENTRY_OVERHEAD + len(key)
+        old = index.get(key)
+        if old is not None:
+            policy.remove(key)
+            if old & _CONTIG and (((old >> 33) + bs - 1) // bs or 1) == blocks:
+                # Same number of blocks, in one run: overwrite in place, nothing to allocate.
+                last = old & _ADDR
+                j = last & mask
+                off = (j - blocks + 1) * bs
+                self._views[last >> shift][off:off + size] = value
+                self._len[last >> shift][j] = size - (blocks - 1) * bs
+                index[key] = size << 33 | (old & (_ADDR | _CONTIG))
+                self._data_bytes += size - (old >> 33)
+                rejected = policy.insert(key, blocks * bs + charge)
+                if rejected:
+                    self._evict(rejected, sink)
+                return
+            self._drop(key, old)
+        if blocks > self._free_blocks or self._index_bytes + charge > self._index_room:
+            if not self._fits(blocks, self._index_bytes + charge):
+                self._make_room(blocks, charge, key, sink)
+        self._index_bytes += charge
+        if self._avail >> blocks:
+            # The shortest free run that holds the entry: one copy, slice-assigned metadata.
+            start = self._take(blocks)[0]
+            self._free_blocks -= blocks
+            b = start >> shift
+            i = start & mask
+            j = i + blocks - 1
+            off = i * bs
+            self._views[b][off:off + size] = value
+            lens = self._len[b]
+            prevs = self._prev[b]
+            if blocks > 1:
+                lens[i:j] = self._full_lens[:blocks - 1]
+                prevs[i + 1:j + 1] = self._addrs[b][i:j]
+            lens[j] = size - (blocks - 1) * bs
+            prevs[i] = 0
+            last = start + blocks - 1 | _CONTIG
+        else:
+            data = value if type(value) is not bytes else memoryview(value)
+            last = self._chain(data, 0, size, 0)
+        index[key] = size << 33 | last
+        self._used_blocks += blocks
+        self._data_bytes += size
+        rejected = policy.insert(key, blocks * bs + charge)
+        if rejected:      # an admission policy declined or pushed out entries
+            self._evict(rejected, sink)
 
     def append(self, key: bytes, data: Any) -> Victims:
         """Append ``data`` to entry ``key`` in place; return the victims evicted for room.
@@ -465,7 +490,13 @@ class ArenaLevel(BlockStore):
                     self._drop(key, packed)
 
     def delete(self, key: bytes) -> None:
-        self.delete_many([key])
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            packed = self._index.get(key)
+            if packed is not None:
+                self._policy.remove(key)
+                self._drop(key, packed)
 
     def scan(self, prefix: bytes) -> Iterator[bytes]:
         with self._lock:
