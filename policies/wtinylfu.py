@@ -163,15 +163,15 @@ class WTinyLFUPolicy(BasePolicy):
     # -- the Policy protocol -------------------------------------------------------------------
 
     def access(self, key: Hashable, ts: float | None = None) -> None:
-        prot = self._protected
-        if key in prot:
-            prot.move_to_end(key)
-        elif key in self._probation:
-            self._promote(key)
-        elif key in self._window:
-            self._window.move_to_end(key)
-        else:
-            return
+        try:  # most hits are on protected entries: one dict operation (in C) for them
+            self._protected.move_to_end(key)
+        except KeyError:
+            if key in self._probation:
+                self._promote(key)
+            elif key in self._window:
+                self._window.move_to_end(key)
+            else:
+                return
         pending = self._pending
         pending[key] = pending.get(key, 0) + 1
 
