@@ -56,12 +56,14 @@ def check_invariants(a: ArenaLevel) -> None:
     free_total = 0
     avail = 0
     wpb = a.block_size // 4
-    for n in range(1, bpb):
-        head, back = a._heads[n], 0
+    for c in range(1, len(a._heads)):
+        head, back = a._heads[c], 0
         if head:
-            avail |= 1 << n
+            avail |= 1 << c
         while head:
             b, i = head >> shift, head & a._mask
+            n = a._next[b][i]
+            assert n == c or n >= c == a._big, "a run in the wrong list"
             assert 1 <= i and i + n <= bpb, "a free run outside its buffer"
             assert a._next[b][i] == n and a._next[b][i + n - 1] == n, "run length tags"
             assert a._words[b][i * wpb + 1] == back, "a run's back link"
@@ -426,3 +428,37 @@ def test_python_side_memory_stays_within_the_charged_overheads(key_len, policy):
         a.close()
     finally:
         tracemalloc.stop()
+
+
+@pytest.mark.parametrize("max_bytes", [600_000, 16 << 20], ids=["evicting", "roomy"])
+def test_long_runs_and_long_entries_keep_the_invariants(max_bytes):
+    """127-block buffers: free runs of 64+ blocks share one list and are cut from their tail,
+    and entries of 64+ blocks search that list (the small arenas above never get there)."""
+    import random
+
+    rng = random.Random(1)
+    model: dict[bytes, bytes] = {}
+    with ArenaLevel(ArenaConfig(max_bytes=max_bytes, block_size=1024,
+                                buffer_size=128 * KiB)) as a:
+        for step in range(1500):
+            key = b"k%d" % rng.randrange(60)
+            r = rng.random()
+            if r < 0.5:
+                value = os.urandom(rng.choice([1, 100, 1024 * 70, 1024 * 100 + 5,
+                                               rng.randrange(150_000)]))
+                model[key] = value
+                victims = a.put(key, value)
+            elif r < 0.7 and key in model:
+                data = os.urandom(rng.randrange(3000))
+                model[key] += data
+                victims = a.append(key, data)
+            else:
+                a.delete(key)
+                model.pop(key, None)
+                victims = []
+            for k, v in victims:
+                assert model.pop(k) == v
+            if step % 50 == 0:
+                check_invariants(a)
+                assert all(a.get(k) == v for k, v in model.items())
+        check_invariants(a)

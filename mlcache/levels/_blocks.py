@@ -14,10 +14,10 @@ every block but the last is full.
 
 Free space is kept as *runs*: maximal stretches of free blocks of one buffer, their length
 written at both ends (boundary tags, so freeing merges with free neighbours in O(1)). Each run
-is in the free list of its length, a doubly-linked list threaded through the first 8 bytes of
-each run's first block (free memory, as Pravega threads its free lists through the buffer),
-with one head per length and a bitmap of the lengths that have runs; linking and unlinking a
-run is O(1). Allocating k blocks takes the shortest run of at least k (lowest set
+is in the free list of its length (runs of 64 blocks or more share one list, and are cut from
+their tail), a doubly-linked list threaded through the first 8 bytes of each run's first block
+(free memory, as Pravega threads its free lists through the buffer), with one head per list
+and a bitmap of the lists that have runs; linking and unlinking a run is O(1). Allocating k blocks takes the shortest run of at least k (lowest set
 bit of ``bitmap >> k``), so an entry is one contiguous run whenever one exists: written with one
 copy, read with one slice, freed with one merge. Only when no run is long enough are the
 longest runs chained (still one copy each), and only when no block is free is a buffer mapped,
@@ -40,6 +40,7 @@ _CONTIG = 1 << 32
 _PAGE = mmap.PAGESIZE
 # Fault a new buffer's pages in with one call rather than one fault per page on first write
 # (about twice as fast here): the buffer is preallocated memory, as in Pravega.
+_BIG = 64                # runs of at least this many blocks share one list
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -67,7 +68,10 @@ class BlockStore:
         self._len: list[memoryview] = []
         self._next: list[memoryview] = []
         self._words: list[memoryview] = []      # per buffer: the whole buffer as u32 words
-        self._heads = array("I", [0]) * bpb     # first run of each length (0: none)
+        # Runs of up to _BIG - 1 blocks are listed by exact length (best fit); longer ones
+        # share the last list and are cut from their tail, so a cut leaves them where they are.
+        big = self._big = min(_BIG, bpb)
+        self._heads = array("I", [0]) * (big + 1)     # first run of each list (0: none)
         self._avail = 0                    # bit n set: some run of n blocks is free
         self._free_blocks = 0
         self._free_lens = memoryview(array("H", [_FREE]) * bpb)
@@ -105,6 +109,8 @@ class BlockStore:
         nxt = self._next[b]
         nxt[i] = n
         nxt[i + n - 1] = n
+        if n > self._big:
+            n = self._big
         heads = self._heads
         head = heads[n]
         w = i * self._wpb
@@ -118,7 +124,7 @@ class BlockStore:
         heads[n] = addr
 
     def _unlink(self, addr: int, n: int) -> None:
-        """Take the run starting at ``addr`` out of the list of length ``n``."""
+        """Take the run of ``n`` blocks starting at ``addr`` out of its list."""
         shift = self._shift
         mask = self._mask
         wpb = self._wpb
@@ -129,6 +135,8 @@ class BlockStore:
         if back:
             words[back >> shift][(back & mask) * wpb] = fwd
         else:
+            if n > self._big:
+                n = self._big
             self._heads[n] = fwd
             if not fwd:
                 self._avail &= ~(1 << n)
@@ -136,30 +144,59 @@ class BlockStore:
             words[fwd >> shift][(fwd & mask) * wpb + 1] = back
 
     def _take(self, want: int) -> tuple[int, int]:
-        """The first ``k`` blocks of the shortest run of at least ``want`` (else the longest
-        run): ``(address, k)``. The rest of the run stays free."""
+        """``k`` blocks of the shortest run of at least ``want`` (else of the longest run):
+        ``(address, k)``. The rest of the run stays free."""
         avail = self._avail
         if not avail:
             self._new_buffer()
             avail = self._avail
-        m = avail >> want
-        n = (want + (m & -m).bit_length() - 1) if m else avail.bit_length() - 1
+        big = self._big
+        m = avail >> want if want < big else 0
+        c = (want + (m & -m).bit_length() - 1) if m else avail.bit_length() - 1
         heads = self._heads
-        start = heads[n]
-        words = self._words
+        start = heads[c]
         shift = self._shift
         mask = self._mask
+        if c == big:
+            # The long runs' list: first fit (only a request of `big` blocks or more can miss),
+            # cut from the tail so that a run still long stays linked as it is.
+            nxt = self._next
+            n = nxt[start >> shift][start & mask]
+            if n < want:
+                words = self._words
+                wpb = self._wpb
+                h = start
+                while n < want:
+                    h = words[h >> shift][(h & mask) * wpb]
+                    if not h:
+                        break
+                    hn = nxt[h >> shift][h & mask]
+                    if hn > n:
+                        start, n = h, hn
+            k = want if want < n else n
+            rest = n - k
+            if rest >= big:
+                tags = nxt[start >> shift]
+                i = start & mask
+                tags[i] = rest
+                tags[i + rest - 1] = rest
+                return start + rest, k
+            self._unlink(start, n)
+            if rest:
+                self._push(start, rest)
+            return start + rest, k
+        words = self._words
         wpb = self._wpb
         fwd = words[start >> shift][(start & mask) * wpb]
-        heads[n] = fwd
+        heads[c] = fwd
         if fwd:
             words[fwd >> shift][(fwd & mask) * wpb + 1] = 0
         else:
-            self._avail = avail & ~(1 << n)
-        if n > want:
-            self._push(start + want, n - want)
+            self._avail = avail & ~(1 << c)
+        if c > want:
+            self._push(start + want, c - want)
             return start, want
-        return start, n
+        return start, c
 
     def _chain(self, data: Any, pos: int, end: int, prev: int) -> int:
         """Write ``data[pos:end]`` into new blocks chained after ``prev`` (0: a new entry).
@@ -303,6 +340,6 @@ class BlockStore:
                 pass    # a caller still holds a view(); the mapping goes with that view
         self._maps.clear()
         self._words.clear()
-        self._heads = array("I", [0]) * self.blocks_per_buffer
+        self._heads = array("I", [0]) * (self._big + 1)
         self._avail = 0
         self._free_blocks = 0

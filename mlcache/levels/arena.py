@@ -95,8 +95,8 @@ class ArenaLevel(BlockStore):
         self._data_bytes = 0
         self._allocated = 0                                  # charged for mapped buffers
         # the fixed charge grows with the block tables (4 bytes per block of a buffer) and the
-        # run-list heads (4 bytes per run length)
-        self._fixed = LEVEL_OVERHEAD + 8 * bpb
+        # run-list heads (4 bytes per list)
+        self._fixed = LEVEL_OVERHEAD + 4 * bpb + 4 * (self._big + 1)
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
         self._policy = get_policy(cfg.policy)(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
@@ -391,7 +391,7 @@ class ArenaLevel(BlockStore):
             if not self._fits(blocks, self._index_bytes + charge):
                 self._make_room(blocks, charge, key, sink)
         self._index_bytes += charge
-        if self._avail >> blocks:
+        if blocks < self._big and self._avail >> blocks:
             # The shortest free run that holds the entry: one copy, slice-assigned metadata.
             start = self._take(blocks)[0]
             self._free_blocks -= blocks
