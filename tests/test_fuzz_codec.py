@@ -167,6 +167,7 @@ def test_fuzz_decoder(prop):
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(3600)     # 35,000 cases of one property take ~10 minutes on a busy machine
 @pytest.mark.parametrize("prop", range(3), ids=["random", "mutated-msgpack", "mutated-pickle"])
 def test_fuzz_decoder_stress(prop):
     """3 x 35,000 = 105,000 cases by default."""
