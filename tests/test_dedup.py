@@ -143,6 +143,21 @@ def test_redis_then_disk_levels(tmp_path, redis_url):
     m2.close()
 
 
+def test_record_budget_counts_record_bytes_not_heap_bookkeeping(tmp_path):
+    """max_bytes_buffering is KIP-63's budget of record bytes: the byte-bounded heap's per-entry
+    memory charge (hundreds of bytes) must not apply to it, or 40 small records overflow 1500
+    bytes and every put is forwarded at once (no deduplication at all)."""
+    m = make(tmp_path, budget=1500)
+    log = Log()
+    m.on_flush(log)
+    for i in range(300):
+        m.put(i % 40, i)
+    assert log.records == []
+    m.flush()
+    assert sorted(r[1] for r in log.records) == list(range(40))
+    m.close()
+
+
 def test_deletes_are_forwarded_as_tombstones(tmp_path):
     m = make(tmp_path)
     log = Log()
