@@ -335,6 +335,15 @@ def test_close_stops_fetch_threads_and_stats_are_exposed(tmp_path):
     assert threads and not any(t.is_alive() for t in threads)
 
 
+def _paced(m, records):
+    """Yield ``records``, each only once every hint given so far has landed: the consumer can
+    never overtake the fetch threads (a prefetch overtaken is 'late', not 'useful'), however
+    loaded the machine is."""
+    for r in records:
+        _wait_idle(_prefetcher(m))
+        yield r
+
+
 def test_operator_accepts_namespaces_and_structures(tmp_path):
     cfg = _disk_config(tmp_path, None, entries=50, hot_threshold=16)
     with CacheManager(cfg) as m:
@@ -343,11 +352,13 @@ def test_operator_accepts_namespaces_and_structures(tmp_path):
         d = m.dict("profiles")
         d.update({i: {"n": i} for i in range(200)})
         m.checkpoint()
-        out = [ns.get(r) for r in prefetching(range(200), key=lambda r: r, cache=ns, depth=8)]
+        records = _paced(m, range(200))
+        out = [ns.get(r) for r in prefetching(records, key=lambda r: r, cache=ns, depth=8)]
         assert out == [-i for i in range(200)]
         useful = m.stats()["prefetch"]["useful"]
         assert useful > 0          # hints went to the namespace's own keys
-        out = [d[r]["n"] for r in prefetching(range(200), key=lambda r: r, cache=d, depth=8)]
+        records = _paced(m, range(200))
+        out = [d[r]["n"] for r in prefetching(records, key=lambda r: r, cache=d, depth=8)]
         assert out == list(range(200))
         assert m.stats()["prefetch"]["useful"] > useful
 
