@@ -5,6 +5,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := spark,embedded,bench,metrics,docs,test
+# Spark in local mode needs no interface but loopback.
+export SPARK_LOCAL_IP ?= 127.0.0.1
 
 .PHONY: venv demo test stress docs docs-build bench clean redis-server
 

@@ -97,9 +97,13 @@ def spark_session(partitions: int = 4) -> Any:
     """A quiet local[2] session whose workers run this interpreter (reuses an active one)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Keep the driver on loopback: local mode needs no other interface.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName("mlcache-demo")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(partitions))
