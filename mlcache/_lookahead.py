@@ -25,6 +25,7 @@ to fit that bound when they exceed it.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
@@ -175,6 +176,10 @@ class Lookahead(Iterator[Any]):
         else:
             raise ValueError(f"prefetching(depth=...) must be 'auto' or an int >= 0, got {depth!r}")
         self._src = iter(iterable)
+        # Without ts= a record's event time is a sequence number drawn from the manager, so
+        # operators run one after the other (or side by side) on one manager share one clock.
+        self._seq = getattr(self._m, "_event_seq", None) or itertools.count()
+        self._advance = getattr(self._m, "_advance_clock", None)
         self._key = key
         self._ts = ts
         self._queue: deque[tuple] = deque()
@@ -199,7 +204,7 @@ class Lookahead(Iterator[Any]):
         self._index += 1
         try:
             k = self._key(rec)
-            t = self._ts(rec) if self._ts is not None else i
+            t = self._ts(rec) if self._ts is not None else next(self._seq)
         except Exception as exc:
             err = RecordKeyError(f"record {i}: key=/ts= raised {exc!r}", index=i, record=rec)
             err.__cause__ = exc
@@ -238,6 +243,11 @@ class Lookahead(Iterator[Any]):
             else:
                 del wk[kb]
         self.records += 1
+        # The record's get/put calls that follow happen at its event time: an event-time
+        # policy (TAC) stamps those without ts= with it, so an entry just used is older than
+        # every entry hinted for a record still read ahead.
+        if self._advance is not None:
+            self._advance(t)
         pf = self._pf
         if pf is None:
             return rec
@@ -294,7 +304,9 @@ def prefetching(iterable: Iterable[Any], key: Callable[[Any], Any], *,
 
     ``key(record)`` is the key the stateful step will read from ``cache`` (a
     :class:`~mlcache.CacheManager`, a namespace or a cacheable structure); ``ts(record)`` its
-    event time (default: the record's index). ``depth`` is the number of records read ahead,
+    event time (default: a sequence number from the manager, increasing across operators). The
+    time goes to the record's hint and, as the policy's "now", to the gets and puts made while
+    the record is processed. ``depth`` is the number of records read ahead,
     or ``"auto"`` to adapt it to the measured fetch latency. A failing ``key``/``ts`` raises
     :class:`RecordKeyError` naming the record index when that record is reached.
     """

@@ -16,6 +16,7 @@ msgpack.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import threading
 import weakref
@@ -121,6 +122,11 @@ class CacheManager(ReadPath, KeyView):
             self._wb.buffer_bytes_max = max(64 * 1024, heap_bytes // 20)
         self._data: dict[bytes, Any] = self._heap.data if self._heap is not None else {}
         self._access = self._heap.policy.access if self._heap is not None else None
+        # a policy ordering by event time (TAC) keeps a clock the lookahead operator advances
+        self._advance = (getattr(self._heap.policy, "advance", None)
+                         if self._heap is not None else None)
+        self._event_seq = itertools.count()   # event times of records without ts= (operator)
+        self._pf_landed: dict[bytes, float] | None = None  # the prefetcher's unused prefetches
         self._track = bool(config.heap is not None and config.heap.track_mutations)
         self._hits = 0
         self._reads: list[bytes] = []
@@ -275,6 +281,17 @@ class CacheManager(ReadPath, KeyView):
             self._stats.levels["heap"].evictions["invalidated"] += len(drop)
         self._wb.ensure_writers()
         return len(drop)
+
+    def _advance_clock(self, ts: float) -> None:
+        """A record at event time ``ts`` is being handed to the caller (lookahead operator):
+        an event-time policy stamps the accesses and inserts without ``ts`` that follow with
+        it. Hits buffered before are replayed first, at the time they happened."""
+        advance = self._advance
+        if advance is not None:
+            if self._reads:
+                with self._lock:
+                    self._apply_reads()
+            advance(ts)
 
     def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
         if self._heap is not None:

@@ -10,7 +10,9 @@ announced survives until its tuple arrives, while state already consumed ages ou
 
 Timestamps never move backwards (``max`` of the old and new time), so out-of-order events do
 not make a hinted entry forget its expected use. ``ts=None`` means "now": the largest event time
-seen so far. Ties are broken by arrival order (older first), so with no timestamps at all TAC
+that has *happened* -- given to an access or insert, or announced with :meth:`advance` -- never
+a hint's time (a hint is a future use) and never a wall clock. A hinted entry keeps its expected
+use as its key until an access at or after that time. Ties are broken by arrival order (older first), so with no timestamps at all TAC
 is exactly LRU.
 
 Costs: a binary heap of ``(ts, seq, key)`` with lazy deletion — an access or hint pushes a new
@@ -93,6 +95,17 @@ class TACPolicy(BasePolicy):
 
     def access(self, key: Hashable, ts: float | None = None) -> None:
         self._renew(key, ts)
+
+    def advance(self, ts: float) -> None:
+        """The event time ``ts`` has been reached (a record at ``ts`` is being processed).
+
+        Accesses and inserts without a timestamp are stamped with this clock. The lookahead
+        operator calls it (through the manager) as it hands each record over, so callers that
+        ``get``/``put`` without ``ts`` still order used entries by the time of their use,
+        behind every entry hinted for a record still to come. Never moves backwards.
+        """
+        if ts > self._now:
+            self._now = ts
 
     def hint(self, key: Hashable, ts: float) -> None:
         entry = self._entries.get(key)
