@@ -86,6 +86,16 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _short(key: str, group: str) -> str:
+    """``prefetch_events.hints`` -> ``hints``; ``prefetch_fetch_latency_seconds.0.5`` ->
+    ``fetch_latency_seconds[0.5]``; ``prefetch_pending`` -> ``pending``."""
+    base, _, label = key.partition(".")
+    base = base[len(group) + 1:] if base.startswith(group + "_") else base
+    if not label:
+        return base
+    return label if base == "events" else f"{base}[{label}]"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     cols = ("hits", "misses", "hit_ratio", "loads", "load_ms_p50", "load_ms_p99", "evictions",
             "keys_written", "entries", "used_bytes")
@@ -100,7 +110,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         if worker != "-":
             lines.append(f"[{worker}]")
         for group in ("dirty", "writeback", "prefetch"):
-            items = [f"{k.split('.', 1)[-1] if '.' in k else k}={_fmt(v)}"
+            items = [f"{_short(k, group)}={_fmt(v)}"
                      for k, v in sorted(figures.items()) if k.startswith(group)]
             if items:
                 lines.append(f"{group}: " + ", ".join(items))

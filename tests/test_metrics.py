@@ -13,7 +13,7 @@ from mlcache.cli import main as cli_main
 from mlcache.demo import run_local
 from mlcache.metrics import serve, serve_stats
 from mlcache.stats_cli import main as stats_main
-from mlcache.stats_cli import summarize
+from mlcache.stats_cli import format_summary, summarize
 
 FAMILIES = {"mlcache_hits", "mlcache_misses", "mlcache_load_seconds", "mlcache_evictions",
             "mlcache_dirty_bytes", "mlcache_dirty_entries", "mlcache_prefetch_events",
@@ -117,12 +117,15 @@ def test_worker_label_for_many_sources(tmp_path):
                 m.get(k)
         with serve_stats(lambda: {f"w{i}": m.stats() for i, m in enumerate(managers)}) as srv:
             fams = _scrape(srv.url)
+            text = format_summary(summarize(urllib.request.urlopen(srv.url).read().decode()))
     finally:
         for m in managers:
             m.close()
     hits = {s.labels["worker"]: s.value for s in fams["mlcache_hits"]
             if s.labels["level"] == "heap"}
     assert hits == {"w0": 10.0, "w1": 20.0}
+    assert "w0/heap" in text and "w1/disk" in text and "[w1]" in text
+    assert "dirty: bytes=" in text and "writeback:" in text
 
 
 def test_stats_cli_prints_levels(tmp_path, capsys):
