@@ -335,7 +335,7 @@ def test_close_stops_fetch_threads_and_stats_are_exposed(tmp_path):
     assert threads and not any(t.is_alive() for t in threads)
 
 
-def _paced(m, records):
+def _paced_until_landed(m, records):
     """Yield ``records``, each only once every hint given so far has landed: the consumer can
     never overtake the fetch threads (a prefetch overtaken is 'late', not 'useful'), however
     loaded the machine is."""
@@ -352,12 +352,12 @@ def test_operator_accepts_namespaces_and_structures(tmp_path):
         d = m.dict("profiles")
         d.update({i: {"n": i} for i in range(200)})
         m.checkpoint()
-        records = _paced(m, range(200))
+        records = _paced_until_landed(m, range(200))
         out = [ns.get(r) for r in prefetching(records, key=lambda r: r, cache=ns, depth=8)]
         assert out == [-i for i in range(200)]
         useful = m.stats()["prefetch"]["useful"]
         assert useful > 0          # hints went to the namespace's own keys
-        records = _paced(m, range(200))
+        records = _paced_until_landed(m, range(200))
         out = [d[r]["n"] for r in prefetching(records, key=lambda r: r, cache=d, depth=8)]
         assert out == list(range(200))
         assert m.stats()["prefetch"]["useful"] > useful
@@ -459,3 +459,31 @@ def test_tac_clock_ignores_hints_and_orders_untimed_uses():
     assert p.timestamp("c") == 5.0
     assert p.insert("d") == ["a"]      # oldest use goes first; the hinted entry stays
 
+
+def test_bare_hint_then_get_counts_useful_and_late(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=500, hot_threshold=16, batch_size=8)
+    _fill(cfg, [(f"k{i}", i) for i in range(100)])
+    with CacheManager(cfg) as m:
+        for i in range(40):
+            m.hint(f"k{i}", i)
+        p = _prefetcher(m)
+        _wait_idle(p)
+        assert [m.get(f"k{i}", ts=i) for i in range(40)] == list(range(40))
+        assert [m.get(f"k{i}") for i in range(40)] == list(range(40))   # second use: no count
+        st = m.stats()["prefetch"]
+        assert st["useful"] == 40 and st["wasted"] == 0 and st["late"] == 0
+        assert len(p.slack) == 40
+        # a get while the prefetch is still queued is late (and is not fetched again)
+        delay.seconds = 0.2
+        m.hint("k50", 50)
+        m.hint("k51", 51)
+        assert m.get("k51") == 51
+        _wait_idle(p)
+        assert m.stats()["prefetch"]["late"] >= 1
+        # a plain heap hit of a never-hinted key leaves the counters alone
+        before = dict(m.stats()["prefetch"])
+        m.get("k3")
+        after = m.stats()["prefetch"]
+        assert {k: after[k] for k in ("useful", "late", "wasted")} == \
+               {k: before[k] for k in ("useful", "late", "wasted")}
