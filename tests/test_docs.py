@@ -25,7 +25,12 @@ PAGES_WITH_CODE = [p for p in PAGES if p.exists() and _blocks(p)]
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_page_code_runs(page, tmp_path, monkeypatch, redis_server):
+def test_page_code_runs(page, tmp_path, monkeypatch, redis_server, request):
+    if any("pyspark" in code for code in _blocks(page)):
+        # the page's SparkSession.builder...getOrCreate() then returns the suite's one session
+        # (made once, with the test settings: no UI, 4 shuffle partitions) instead of starting
+        # one with Spark's defaults
+        request.getfixturevalue("spark")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLCACHE_HOME", str(tmp_path / "mlcache-home"))
     monkeypatch.setenv("MLCACHE_TEST_REDIS_URL", redis_server.url)
