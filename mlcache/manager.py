@@ -202,6 +202,8 @@ class CacheManager(ReadPath, KeyView):
                     with self._lock:
                         self._apply_reads()
             return value
+        if self._prefetcher is not None:
+            self._prefetcher.note_get(kb, ts)  # a use while its prefetch is queued: late
         return self._load_into_heap((kb,), ts).get(kb, default)
 
     def _get_kb(self, kb: bytes, default: Any, ts: float | None) -> Any:
@@ -220,6 +222,8 @@ class CacheManager(ReadPath, KeyView):
                     with self._lock:
                         self._apply_reads()
             return value
+        if self._prefetcher is not None:
+            self._prefetcher.note_get(kb, ts)  # a use while its prefetch is queued: late
         return self._load_into_heap((kb,), ts).get(kb, default)
 
     def _apply_reads(self) -> None:
@@ -242,10 +246,27 @@ class CacheManager(ReadPath, KeyView):
             access(kb)  # type: ignore[misc]
         for kb, ts in timed:
             access(kb, ts)  # type: ignore[misc]
+        if self._pf_landed:
+            self._note_landed(items, timed)
         if self._track:
             self._handed.update(items)
             self._handed.update(kb for kb, _ in timed)
         self._hits += len(items) + len(timed)
+
+    def _note_landed(self, items: list[bytes], timed: list[tuple[bytes, float]]) -> None:
+        """Lock held: tell the prefetcher of the first use of keys it prefetched (hits replayed
+        here, so the get path pays nothing; a key the lookahead operator reported is no longer
+        among them). Runs only while unused prefetches exist."""
+        landed, pf = self._pf_landed, self._prefetcher
+        if landed is None or pf is None:
+            return
+        note = pf.note_get
+        for kb in items:
+            if kb in landed:
+                note(kb, None)
+        for kb, ts in timed:
+            if kb in landed:
+                note(kb, ts)
 
     def contains(self, key: Any) -> bool:
         return self.get(key, _MISSING) is not _MISSING
@@ -571,6 +592,7 @@ class CacheManager(ReadPath, KeyView):
         if prefetcher is not None and hasattr(prefetcher, "close"):
             prefetcher.close()
             self._prefetcher = None
+            self._pf_landed = None
         self.checkpoint()
         with self._lock:
             self._closed = True

@@ -52,7 +52,9 @@ the buffer and one dict pop.
   *wasted* if it is evicted unused (found by a periodic sweep), and a use is *late* if the key
   was still queued or in flight. *Slack* is the time from the first hint to the use; *fetch
   latency* the time from the first hint to the key being resident. Both are kept in bounded
-  windows for percentiles. Uses are reported by the lookahead operator (``note_use``).
+  windows for percentiles. Uses are reported by the lookahead operator (``note_use``) and by
+  the manager's get (``note_get``, for keys hinted with a bare ``hint``): a heap hit checks one
+  dict only while unused prefetches exist, a miss asks whether the key is queued.
 * **Failures.** A prefetch batch that raises is counted and its keys remembered; the lookahead
   operator then demand-fetches those records itself and raises only if that fails too.
 
@@ -208,6 +210,10 @@ class Prefetcher:
         self._closed = False
         self._demand = 0
         self._landed: dict[bytes, float] = {}      # prefetched, not yet used -> t_hint
+        self._noted: bytes | None = None            # the key the operator reported last
+        m = self._mref()
+        if m is not None:
+            m._pf_landed = self._landed  # the manager's get path tells us of their first use
         self._failed: dict[bytes, BaseException] = {}
         self._used_inflight: set[bytes] = set()     # used (late) while their fetch ran
         self._last_sweep = time.perf_counter()
@@ -308,12 +314,27 @@ class Prefetcher:
 
     # -- uses and demand fetches -----------------------------------------------------------
 
+    def note_get(self, kb: bytes, ts: float | None = None) -> None:
+        """The manager's get path used ``kb``, which was prefetched and not yet used (a heap
+        hit) or is not resident (a miss, perhaps while its prefetch is queued).
+
+        Keys hinted with a bare ``manager.hint`` are accounted here; a get of the key the
+        lookahead operator just reported (its record's own get) is not counted twice.
+        """
+        if kb == self._noted or self._pid != os.getpid() or self._closed:
+            return
+        self._use(kb, ts)
+
     def note_use(self, kb: bytes, ts: float | None = None) -> float | None:
         """A record needing ``kb`` (at event time ``ts``) reached the stateful step.
 
         Advances the watermark, classifies the prefetch (useful / late) and returns the slack in
         seconds if the key had been hinted, else ``None``.
         """
+        self._noted = kb
+        return self._use(kb, ts)
+
+    def _use(self, kb: bytes, ts: float | None) -> float | None:
         if ts is not None and ts > self.watermark:
             self.watermark = ts
         buf = self._buffer
