@@ -6,19 +6,21 @@ each, as three packed arrays read through ``memoryview.cast``::
 
     prev  u32  address of the previous block of the same entry, 0 = first block
     len   u16  bytes used in the block; 0xFFFF marks a free block
-    next  u16  next free block of this buffer (free blocks only), 0 = end of the list
+    next  u16  on the first and last block of a free run: the run's length
 
 An *address* is ``buffer << shift | block``; address 0 is buffer 0's metadata block, so it
 doubles as "none". An entry is a backward-linked chain known by the address of its *last*
 block: ``append`` writes into that block's free tail and chains new blocks after it without
 touching the rest (Pravega's answer to read-modify-write). Every block of a chain but the last
 is full, so the index keeps one int per key, ``length << 33 | contiguous << 32 | last``;
-*contiguous* says the blocks follow each other in one buffer, and such an entry (every entry
-written into a fresh buffer or into blocks one delete freed) is read with a single slice.
+*contiguous* says the blocks follow each other in one buffer, and such an entry is written
+with one copy, read with a single slice and freed as one run.
 
-Allocation is O(1) per block: each buffer has an intrusive free list threaded through ``next``
-and a queue holds the buffers that have a free block. Buffers are mapped (pages faulted in at
-once) as the arena grows, up to the bound, and kept until ``close``.
+Allocation is O(1) per run (:mod:`mlcache.levels._blocks`): free blocks are kept as merged runs
+in size-class lists threaded through the free blocks themselves, and an entry takes the
+shortest run that holds it, so nearly every entry is contiguous even after long churn; only
+when no run is long enough are the longest runs chained. Buffers are mapped (pages faulted in
+at once) only when no block is free, up to the bound, and kept until ``close``.
 
 The bound. ``max_bytes`` is hard and counts everything the level keeps alive: the mapped buffers
 (data *and* metadata blocks, whole pages) plus ``BUFFER_OVERHEAD`` each for the Python objects
