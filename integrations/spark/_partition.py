@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections import deque
 import json
 import threading
 import typing
@@ -197,13 +196,13 @@ def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterab
 
 
 def _timed(run: _Run, records: Iterable[Any], keyfn: Callable[[Any], Any]) -> Iterator[Any]:
-    """The records behind the lookahead operator, each access stamped with its record's time.
+    """The records behind the lookahead operator, each hinted with its event time.
 
-    The hint of a record and the state accesses made while the function handles it carry the
-    same event time (``ts=`` or the worker's clock), which is what a timestamp-ordered policy
-    orders by: an entry hinted for a later record keeps its later time, one just used gets the
-    current one. (Accesses without a time would all be "now", the furthest hint so far, and
-    TAC would take every entry just used for newer than every entry still awaited.)
+    The time is ``ts=`` or the worker's clock: one clock for every partition and batch the
+    worker's manager serves (the pandas path draws from it too), so a new partition's hints are
+    never older than state already used. The operator advances the policy's clock to each
+    record's time as it hands the record over, so the state accesses made while the function
+    handles it are stamped with that time without passing it.
     """
     from mlcache.prefetch import prefetching
 
@@ -212,17 +211,11 @@ def _timed(run: _Run, records: Iterable[Any], keyfn: Callable[[Any], Any]) -> It
         spec_ts = run.ctx.tick
     elif not callable(spec_ts):
         spec_ts = _field_getter(spec_ts)
-    pending: deque[float] = deque()
 
     def ts(record: Any) -> float:
-        t = float(spec_ts(record))
-        pending.append(t)
-        return t
+        return float(spec_ts(record))
 
-    view = run.target
-    for record in prefetching(records, keyfn, ts=ts, cache=view, depth=run.spec.depth):
-        view.now = pending.popleft() if pending else None
-        yield record
+    yield from prefetching(records, keyfn, ts=ts, cache=run.target, depth=run.spec.depth)
 
 
 def _field_getter(name: Any) -> Callable[[Any], Any]:
@@ -334,27 +327,20 @@ def _hinted_frames(run: _Run, frames: Iterable[Any]) -> Iterator[Any]:
         from mlcache.prefetch import prefetching
 
         rows = prefetching(rows, _row_key, ts=_row_ts, cache=run.target, depth=run.spec.depth)
-    # Accesses made while the function handles a chunk carry the time of the chunk's first
-    # row (see _timed for why accesses need a time at all).
-    view = run.target
+    # Accesses made while the function handles a chunk are stamped with the time of the last
+    # row the operator handed over (the chunk's last): the rows' entries were hinted no later.
     current: Any = None
     lo = n = 0
-    first = 0.0
-    for frame, i, _k, t in rows:
+    for frame, i, _k, _t in rows:
         if frame is not current:
             if current is not None and n:
-                view.now = first
                 yield _slice(current, lo, lo + n)
             current, lo, n = frame, i, 0
-        if n == 0:
-            first = t
         n += 1
         if n >= FRAME_CHUNK:
-            view.now = first
             yield _slice(current, lo, lo + n)
             lo, n = lo + n, 0
     if current is not None and n:
-        view.now = first
         yield _slice(current, lo, lo + n)
 
 

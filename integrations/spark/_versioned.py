@@ -81,14 +81,13 @@ class PlainView:
 
     def __init__(self, ns: Any) -> None:
         self.ns = ns
-        self.now: float | None = None   # event time of the record being processed (see _partition)
         self._written: dict[Hashable, None] = {}
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        return self.ns.get(key, default, ts=self.now)
+        return self.ns.get(key, default)
 
     def put(self, key: Hashable, value: Any) -> None:
-        self.ns.put(key, value, ts=self.now)
+        self.ns.put(key, value)
         self._written[key] = None
 
     def delete(self, key: Hashable) -> None:
@@ -117,14 +116,13 @@ class BatchView:
 
     def __init__(self, ns: Any, batch_id: int, attempt: str) -> None:
         self.ns = ns
-        self.now: float | None = None
         self.batch = int(batch_id)
         self.attempt = attempt
         self._before: dict[Hashable, bytes] = {}   # key -> pre-batch snapshot, first touch
         self._written: dict[Hashable, None] = {}
 
     def _read(self, key: Hashable) -> tuple[bool, Any]:
-        rec = self.ns.get(key, _MISSING, ts=self.now)
+        rec = self.ns.get(key, _MISSING)
         if rec is _MISSING or rec is None:
             present, value = False, None
             if key not in self._before:
@@ -158,8 +156,7 @@ class BatchView:
     def _write(self, key: Hashable, present: bool, value: Any) -> None:
         if key not in self._before:
             self._read(key)
-        self.ns.put(key, [MARK, self.batch, self.attempt, int(present), value, self._before[key]],
-                    ts=self.now)
+        self.ns.put(key, [MARK, self.batch, self.attempt, int(present), value, self._before[key]])
         self._written[key] = None
 
     def put(self, key: Hashable, value: Any) -> None:
