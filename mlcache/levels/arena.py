@@ -273,6 +273,8 @@ class ArenaLevel(BlockStore):
     # -- the Level protocol -------------------------------------------------------------------
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if type(keys) is list and len(keys) == 1:
+            return [self.get(keys[0])]      # the manager's common case: one key per read
         with self._lock:
             if self._closed:
                 self._check_open()
