@@ -121,7 +121,7 @@ def _check(url, budget: int, ops: int) -> None:
 
 
 def test_heap_and_rss_stay_within_budget_with_10x_state(redis_url):
-    _check(redis_url, budget=16 << 20, ops=60_000)
+    _check(redis_url, budget=16 << 20, ops=40_000)
 
 
 @pytest.mark.stress
