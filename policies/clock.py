@@ -33,13 +33,16 @@ class ClockPolicy(BasePolicy):
         return iter(self._ring)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
+        if weight > self.capacity:      # can never fit: refuse it without disturbing the rest
+            self.remove(key)
+            return [key]
         old = self._ring.get(key)
         if old is not None:
             self.total_weight -= old
             self._referenced.add(key)
         self._ring[key] = weight
         self.total_weight += weight
-        return self._evict()
+        return self._evict(protect=key)
 
     def access(self, key: Hashable, ts: float | None = None) -> None:
         if key in self._ring:
@@ -56,12 +59,16 @@ class ClockPolicy(BasePolicy):
         self.capacity = capacity
         return self._evict()
 
-    def _evict(self) -> list:
+    def _evict(self, protect: Hashable = None) -> list:
+        # The hand chooses among the entries that were there before the insert: the newcomer
+        # replaces the victim, as in CLOCK proper, instead of being its own victim (a value just
+        # loaded and handed to the caller must stay resident, or in-place changes to it would
+        # have no entry to be detected on).
         victims = []
         ring, referenced = self._ring, self._referenced
         while self.total_weight > self.capacity and ring:
             key, weight = ring.popitem(last=False)
-            if key in referenced and len(ring) > 0:
+            if (key in referenced or (protect is not None and key == protect)) and len(ring) > 0:
                 referenced.discard(key)
                 ring[key] = weight  # second chance: back to the tail of the ring
                 continue

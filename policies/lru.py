@@ -27,6 +27,9 @@ class LRUPolicy(BasePolicy):
         return iter(self._order)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
+        if weight > self.capacity:      # can never fit: refuse it without emptying the cache
+            self.remove(key)
+            return [key]
         order = self._order
         old = order.get(key)
         if old is not None:

@@ -422,3 +422,23 @@ def test_put_that_needs_room_surfaces_the_write_back_error(tmp_path):
     m.close()
     with CacheManager(cfg) as again:
         assert again.get(0) == "y" * 30
+
+
+@pytest.mark.parametrize("policy", ["lru", "clock"])
+def test_in_place_change_to_a_value_loaded_on_a_miss_is_kept(tmp_path, policy):
+    """Regression: CLOCK chose the key it had just inserted as its own victim, so a value read
+    from disk was handed to the caller but never held by the heap, and an in-place change to it
+    was lost (found by the stateful test, heap -> redis with clock)."""
+    cfg = CacheConfig(heap=HeapConfig(policy=policy, max_entries=3, max_bytes=None),
+                      levels=(DiskConfig(path=str(tmp_path / "d")),), namespace="regr")
+    with CacheManager(cfg) as m:
+        m.put_many([("a", 0), (1, [0]), (2, 0), (0, [0])])
+        for k in ("a", 0, 0, "a", 0, 2, 0):
+            m.get(k)
+        m.get(1).append(1)          # 1 comes back from disk, then changes in place
+        m.get(0)
+        m.get(0)
+        assert m.get(1) == [0, 1]
+        m.checkpoint()
+    with CacheManager(cfg) as m:
+        assert m.get(1) == [0, 1]

@@ -231,3 +231,15 @@ def test_wtinylfu_buffered_counts_stay_bounded():
         assert p.insert(("big", i), 1000) == [("big", i)]
     assert len(p._pending) <= p._drain_size() + 1
     assert p.sketch.frequency_of_mixed(hash((("big", 19_999), p._seed))) >= 0
+
+
+@pytest.mark.parametrize("name", ["lru", "clock"])
+def test_baselines_never_make_the_newcomer_their_victim(name):
+    """Regression: CLOCK with every resident entry referenced evicted the key it was inserting."""
+    policy = get_policy(name)(3)
+    for k in "abc":
+        policy.insert(k)
+        policy.access(k)
+    victims = policy.insert("d")
+    assert victims and "d" not in victims and "d" in policy
+    assert policy.insert("huge", weight=4) == ["huge"] and len(policy) == 3
