@@ -67,7 +67,6 @@ The lookahead operator :func:`prefetching` lives in :mod:`mlcache._lookahead`.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import threading
@@ -102,8 +101,11 @@ class _Window:
         return len(self._d)
 
     def recent(self, n: int) -> list[float]:
-        d = self._d
-        return list(itertools.islice(d, max(0, len(d) - n), None))
+        # Fetch threads append while the operator reads. list(deque) copies in one C call, with
+        # no thread switch inside; an islice iterator made in one bytecode and consumed in the
+        # next can see an append in between and raise "deque mutated during iteration".
+        snapshot = list(self._d)
+        return snapshot[-n:] if n > 0 else []
 
     def quantile(self, q: float, last: int | None = None) -> float | None:
         data = self.recent(last) if last else list(self._d)

@@ -487,3 +487,35 @@ def test_bare_hint_then_get_counts_useful_and_late(tmp_path):
         after = m.stats()["prefetch"]
         assert {k: after[k] for k in ("useful", "late", "wasted")} == \
                {k: before[k] for k in ("useful", "late", "wasted")}
+
+
+def test_latency_window_can_be_read_while_fetch_threads_append():
+    """Regression: ``recent()`` built an islice over the deque in one bytecode and consumed it in
+    the next; an append in between raised "deque mutated during iteration" from the operator
+    (seen in a full `mlcache bench prefetch` run)."""
+    import sys
+    import threading
+
+    from mlcache.prefetch import _Window
+
+    window = _Window(maxlen=512)
+    stop = threading.Event()
+
+    def writer():
+        x = 0.0
+        while not stop.is_set():
+            window.add(x)
+            x += 1.0
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)      # switch threads as often as possible
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        for _ in range(20_000):
+            got = window.recent(256)
+            assert len(got) <= 256
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
