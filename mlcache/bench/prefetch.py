@@ -163,10 +163,13 @@ def _populate(wl: Workload) -> None:
         m.checkpoint()
 
 
-def _blocking(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
+def _drive(m: Any, wl: Workload, events: Any, agg: Counter, lat: list, hits: list,
+           nxt_t: list) -> None:
+    """Feed ``events`` to the stateful step one record at a time, timing both shares: getting
+    the next record (``nxt_t``: for the keyed variant, read-ahead and hinting) and the step."""
     get, resident, enc, process = m.get, m._resident, m._encode_key, wl.process
     clock = time.perf_counter
-    nxt = iter(wl.events).__next__
+    nxt = iter(events).__next__
     while True:
         t = clock()
         try:
@@ -180,24 +183,15 @@ def _blocking(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: 
         lat.append(clock() - t0)
 
 
+def _blocking(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
+    _drive(m, wl, wl.events, agg, lat, hits, nxt_t)
+
+
 def _keyed(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
     from ..prefetch import prefetching
 
-    get, resident, enc, process = m.get, m._resident, m._encode_key, wl.process
-    clock = time.perf_counter
     it = prefetching(wl.events, key=lambda ev: ev[0], ts=lambda ev: ev[2], cache=m)
-    nxt = it.__next__
-    while True:
-        t = clock()
-        try:
-            ev = nxt()           # read-ahead and hinting: the upstream operator's share
-        except StopIteration:
-            break
-        t0 = clock()
-        nxt_t.append(t0 - t)
-        hits.append(resident(enc(ev[0])))
-        process(agg, ev, get(ev[0], ts=ev[2]))
-        lat.append(clock() - t0)
+    _drive(m, wl, it, agg, lat, hits, nxt_t)
 
 
 def _async_io(m: Any, wl: Workload, agg: Counter, lat: list, hits: list, nxt_t: list) -> None:
