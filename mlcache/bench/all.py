@@ -299,10 +299,12 @@ def _plot_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _margin(goal: dict[str, Any]) -> float:
-    """How far a goal is from its target, relative, clipped to [-1, 1]: > 0 met with room,
-    < 0 missed, 0 exactly on target (ratios to the target break down for targets near 0)."""
+    """How far a goal is from its target, clipped to [-1, 1]: > 0 met with room, < 0 missed,
+    0 exactly on target. Relative to the target; a goal whose target is 0 (a difference such as
+    "hit% minus theine's hit% >= 0") is shown in its own units, so a miss by 0.07 points draws a
+    short bar, not a full one."""
     v, t, op = float(goal["value"]), float(goal["target"]), goal["op"]
-    scale = max(abs(v), abs(t), 1e-12)
+    scale = abs(t) if abs(t) > 1e-12 else 1.0
     if op in (">=", ">"):
         m = (v - t) / scale
     elif op in ("<=", "<"):
@@ -338,11 +340,16 @@ def plot_report(data: dict[str, Any], path: Path) -> bool:
         names = [_short(g["name"], 38) for g in goals]
         ax.barh(range(len(goals)), margins, color=colors)
         ax.scatter(margins, range(len(goals)), color=colors, s=12, zorder=3)
+        for y, (g, m) in enumerate(zip(goals, margins)):
+            ax.text(0.02 if m < 0 else -0.02, y, f"{float(g['value']):.3g} {g['op']} "
+                    f"{float(g['target']):.3g}", fontsize=6, va="center",
+                    ha="left" if m < 0 else "right")
         ax.axvline(0.0, color="black", linewidth=0.8)
         ax.set_xlim(-1.05, 1.05)
         ax.set_yticks(range(len(goals)), names, fontsize=7)
         ax.invert_yaxis()
-        ax.set_title("goals: relative margin to target\n(right of 0 and green: met)",
+        ax.set_title("goals: margin to target, relative (absolute when the target is 0)\n"
+                     "(right of 0 and green: met)",
                      fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
     labels = [_short(s, 30) for s in _labels(rows)]
