@@ -34,6 +34,13 @@ from .errors import CacheError, LevelUnavailableError
 
 __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
 
+# staged reads installed per record handed over: more than the keys a record can add, so the
+# stage drains as fast as the fetch threads fill it
+_INSTALL_PER_RECORD = 8
+# buffered heap hits replayed to the policy by the operator between records (the manager
+# replays them itself at 64, inside a get)
+_REPLAY_AT = 16
+
 
 class RecordKeyError(CacheError):
     """``key=`` (or ``ts=``) failed for a record, or returned an unsupported key type.
@@ -185,11 +192,13 @@ class Lookahead(Iterator[Any]):
         self._queue: deque[tuple] = deque()
         self._window_keys: dict[bytes, int] = {}   # distinct keys read ahead -> records
         self._index = 0
+        self._pumped = 0      # records read when the operator last read a batch itself
         self._warmup = self.depth + 1
         self._exhausted = False
         self.records = 0
         if self._pf is not None:
             self._pf.depth = self.depth
+            self._pf.attach(self)
 
     def __iter__(self) -> "Lookahead":
         return self
@@ -227,10 +236,35 @@ class Lookahead(Iterator[Any]):
 
     def __next__(self) -> Any:
         q = self._queue
+        pf = self._pf
+        if pf is not None:
+            # Between two records, on this thread: install what the fetch threads read (the
+            # decoding and heap inserts hold the GIL, so they run here rather than stall a
+            # record from another thread), and read a batch here when that is where the
+            # prefetcher reads them (see Prefetcher.pump).
+            m = self._m
+            if len(m._reads_ts) + len(m._reads) >= _REPLAY_AT:
+                # the heap hits of the records handed over so far reach the policy here,
+                # between records, rather than inside the get of whichever record fills the
+                # manager's read buffer (64 policy updates: tens of microseconds)
+                with m._lock:
+                    m._apply_reads()
+            if pf._staged:
+                pf.install(_INSTALL_PER_RECORD)
+            if pf._buffer.pending:
+                # a full batch, or whatever waits once a batch's worth of records (at most
+                # half the read-ahead) was read since the last batch: no key waits for its
+                # batch longer than that, whatever the depth
+                every = max(1, min(self.depth // 2, pf.config.batch_size))
+                due = self._index - self._pumped >= every
+                if pf.pump(q[0][1] if q else None, 1 if due else every):
+                    self._pumped = self._index
         want = self.depth + 1
         while len(q) < want and not self._exhausted:
             self._read()
         if not q:
+            if pf is not None:
+                pf.detach(self)
             raise StopIteration
         rec, kb, t, i, err = q.popleft()
         if err is not None:
@@ -292,6 +326,8 @@ class Lookahead(Iterator[Any]):
         """Stop reading ahead and drop buffered records (and close the source if it can)."""
         self._queue.clear()
         self._exhausted = True
+        if self._pf is not None:
+            self._pf.detach(self)
         closer = getattr(self._src, "close", None)
         if callable(closer):
             closer()

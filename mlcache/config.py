@@ -187,7 +187,11 @@ class PrefetchConfig:
     ``hot_threshold``: a resident key whose sketch count exceeds it gets no hint (16 turns the
     filter off; 12 was chosen by measurement, see docs/implementation/keyed-prefetching.md).
     ``lateness``: hints for event times older than the latest used one minus this are dropped
-    (``None`` means 0).
+    (``None`` means 0). ``fetch_mode``: where the lookahead operator's batches are read --
+    ``"inline"`` (on the operator's thread, between records), ``"threads"`` (fetch threads read,
+    the operator's thread decodes and inserts) or ``"auto"`` (inline unless the reads wait for
+    more than half the loop's time; see docs/implementation/keyed-prefetching.md). Hints made
+    without the operator are always read by the fetch threads.
     """
 
     enabled: bool = True
@@ -195,6 +199,7 @@ class PrefetchConfig:
     batch_size: int = 64
     hot_threshold: int = 12
     lateness: float | None = None
+    fetch_mode: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("prefetch.fetch_threads", self.fetch_threads, allow_none=False)
@@ -205,6 +210,9 @@ class PrefetchConfig:
                               "must be an integer in 0..16 (4-bit counters)")
         if self.lateness is not None:
             _non_negative("prefetch.lateness", self.lateness)
+        if self.fetch_mode not in ("auto", "inline", "threads"):
+            raise ConfigError("prefetch.fetch_mode",
+                              f"must be 'auto', 'inline' or 'threads', got {self.fetch_mode!r}")
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,8 @@ from typing import Any, Iterator
 
 from mlcache.policies.base import BasePolicy
 
+from ._readpath import _Load
+
 from ._lookahead import DepthController, RecordKeyError, prefetching
 
 __all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError",
@@ -84,6 +86,9 @@ __all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "Recor
 
 _FAILED_MAX = 65536
 _SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
+_INLINE_WAIT_SHARE = 0.5  # inline batches' waits above this share of the loop -> threads
+_PROBE_EVERY = 64       # thread batches between two inline batches that re-measure the cost
+_MISSING: Any = object()
 
 
 class _Window:
@@ -147,16 +152,24 @@ class HintBuffer:
         self.pending[kb] = (ts, now, ts)
         return "new"
 
-    def take(self, n: int, min_ts: float) -> tuple[list[tuple[bytes, float, float]], int]:
+    def take(self, n: int, min_ts: float, skip: bytes | None = None
+             ) -> tuple[list[tuple[bytes, float, float]], int]:
         """Move up to ``n`` oldest entries to in-flight; drop those with ts < min_ts.
 
-        Returns ``(batch, dropped_late)``, batch entries being ``(key, ts, t_hint)``.
+        ``skip`` stays queued (the key of the record about to be handed over: the operator
+        leaves it to that record's own demand read). Returns ``(batch, dropped_late)``, batch
+        entries being ``(key, ts, t_hint)``.
         """
         batch: list[tuple[bytes, float, float]] = []
         late = 0
         pending = self.pending
         while pending and len(batch) < n:
-            kb = next(iter(pending))
+            it = iter(pending)
+            kb = next(it)
+            if kb == skip:
+                kb = next(it, None)
+                if kb is None:
+                    break
             entry = pending.pop(kb)
             ts, t0 = entry[0], entry[1]
             if ts < min_ts:
@@ -198,6 +211,15 @@ class Prefetcher:
         policy = getattr(getattr(manager, "_heap", None), "policy", None)
         own_hint = getattr(type(policy), "hint", BasePolicy.hint)
         self._policy_hints = policy is not None and own_hint is not BasePolicy.hint
+        # Staged bytes wait outside the heap's accounting: bound them (fetch threads take no
+        # new batch while the bound is reached; the operator drains them every record).
+        heap = manager.config.heap
+        cfg = self.config
+        self.staged_max_bytes = (max(256 << 10, heap.max_bytes // 16)
+                                 if heap is not None and heap.max_bytes else 16 << 20)
+        self.staged_max_keys = max(4 * cfg.batch_size * cfg.fetch_threads,
+                                   heap.max_entries // 8
+                                   if heap is not None and heap.max_entries else 0)
         self._reset()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -223,11 +245,29 @@ class Prefetcher:
         self.depth: int | None = None              # set by the lookahead operator
         self.counters = dict.fromkeys(
             ("hints", "sent", "resident", "dropped_hot", "dropped_late", "prefetched",
-             "useful", "wasted", "late", "failures", "batches"), 0)
+             "useful", "wasted", "late", "failures", "batches", "inline_batches",
+             "staged", "staged_dropped"), 0)
         self.slack = _Window()
         self.fetch_latency = _Window()
         self.batch_latency = _Window()
         self._backlog: deque[int] = deque(maxlen=64)   # keys left queued after each take
+        # Staged: read by a fetch thread, not yet decoded nor in the heap (kb -> raw bytes, the
+        # hint's ts, the first hint's wall time, wseq when the bytes were known exact). The
+        # lookahead operators attached (``attach``) install them from their own thread.
+        self._staged: dict[bytes, tuple[bytes, float, float, int]] = {}
+        self._staged_bytes = 0
+        self._consumers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        # Where batches are read: by an attached operator itself ("inline": the reads do not
+        # wait, so a thread would only contend for the GIL) or by the fetch threads.
+        self.inline = self.config.fetch_mode != "threads"
+        self._wait_s: float | None = None    # EWMA of an inline batch's wall time not on CPU
+        self._cpu_s: float | None = None     # EWMA of an inline batch's CPU time
+        self._gap_s: float | None = None     # EWMA of the time between two inline batches
+        self._waits: deque[float] = deque(maxlen=16)   # recent inline batches' waits
+        self._probing = False
+        self._last_inline_end: tuple[float, float] | None = None   # (wall, thread CPU) time
+        self._on_cpu: float | None = None    # EWMA share of the loop's wall time on CPU
+        self._thread_batches = 0             # thread batches since the last inline probe
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
@@ -250,6 +290,8 @@ class Prefetcher:
         with self._cond:
             self._closed = True
             self._buffer.pending.clear()
+            self._staged.clear()
+            self._staged_bytes = 0
             self._cond.notify_all()
         me = threading.current_thread()
         for t in self._threads:
@@ -323,9 +365,13 @@ class Prefetcher:
         Keys hinted with a bare ``manager.hint`` are accounted here; a get of the key the
         lookahead operator just reported (its record's own get) is not counted twice.
         """
-        if kb == self._noted or self._pid != os.getpid() or self._closed:
+        if self._pid != os.getpid() or self._closed:
             return
-        self._use(kb, ts)
+        if kb != self._noted:
+            self._use(kb, ts)
+        if kb in self._staged:
+            # read already, waiting for the operator to install it: decode it now, no I/O
+            self.install_keys([kb])
 
     def note_use(self, kb: bytes, ts: float | None = None) -> float | None:
         """A record needing ``kb`` (at event time ``ts``) reached the stateful step.
@@ -345,7 +391,10 @@ class Prefetcher:
             # in-flight, so a key seen in neither has landed already or was never queued.
             t0 = self._landed.pop(kb, None)
             if t0 is None:
-                return None
+                staged = self._staged.get(kb)
+                if staged is None:
+                    return None
+                t0 = staged[2]       # read in time; installed by this use's get (no I/O)
             self.counters["useful"] += 1
             s = time.perf_counter() - t0
             self.slack.add(s)
@@ -401,7 +450,7 @@ class Prefetcher:
             while True:
                 if self._closed or self._pid != os.getpid():
                     return None
-                if self._buffer.pending and not self._demand:
+                if self._buffer.pending and not self._demand and not self._thread_idle():
                     batch, late = self._buffer.take(self.config.batch_size,
                                                     self.watermark - lateness)
                     self.counters["dropped_late"] += late
@@ -409,14 +458,25 @@ class Prefetcher:
                     if batch:
                         return batch
                     continue
-                self._cond.wait(0.05 if self._demand else 1.0)
+                self._cond.wait(0.05 if self._demand or self._buffer.pending else 1.0)
                 if self._mref() is None:
                     return None
 
-    def _fetch(self, batch: list[tuple[bytes, float, float]]) -> None:
+    def _thread_idle(self) -> bool:
+        """Lock held: whether fetch threads should take no batch now."""
+        if (self.inline or self._probing) and self._consumers:
+            return True      # the operator reads batches itself
+        return bool(self._consumers) and (self._staged_bytes >= self.staged_max_bytes
+                                          or len(self._staged) >= self.staged_max_keys)
+
+    def _fetch(self, batch: list[tuple[bytes, float, float]], inline: bool = False) -> None:
         m = self._mref()
         keys = [kb for kb, _, _ in batch]
         t_start = time.perf_counter()
+        if not inline and self._consumers and m is not None:
+            self._fetch_staged(m, batch, t_start)
+            return
+        cpu0 = time.thread_time() if inline else 0.0
         error: BaseException | None = None
         loaded: dict = {}
         if m is not None:
@@ -444,8 +504,12 @@ class Prefetcher:
             except BaseException as exc:  # a backend failure must not kill the fetch thread
                 error = exc
         now = time.perf_counter()
+        if inline and error is None:
+            self._measure_inline(t_start, now, cpu0, time.thread_time())
         with self._lock:
             self.counters["batches"] += 1
+            if inline:
+                self.counters["inline_batches"] += 1
             self.batch_latency.add(now - t_start)
             if error is not None:
                 self._buffer.done(keys)
@@ -462,6 +526,12 @@ class Prefetcher:
                 if was_used:
                     used.discard(kb)
                 if kb in loaded:
+                    if inline:
+                        # The operator chose when to read this batch: the time the key
+                        # waited for it was its own pacing, not a fetch latency. Both the
+                        # latency and the slack are measured from the read's start (else the
+                        # depth controller would see a latency growing with the depth).
+                        t0 = t_start
                     self.fetch_latency.add(now - t0)
                     if not was_used:
                         self._landed[kb] = t0
@@ -485,10 +555,333 @@ class Prefetcher:
                     if self._landed.pop(kb, None) is not None:
                         self.counters["wasted"] += 1
 
+    # -- staging: fetch threads read, the operator's thread decodes and installs ----------
+
+    def attach(self, operator: Any) -> None:
+        """A lookahead operator will install staged reads and may read batches itself."""
+        with self._cond:
+            self._consumers.add(operator)
+
+    def detach(self, operator: Any) -> None:
+        """The operator is done; with no operator left, staged reads have nobody to wait for."""
+        with self._cond:
+            self._consumers.discard(operator)
+            if self._consumers:
+                return
+            self.counters["staged_dropped"] += len(self._staged)
+            self._staged.clear()
+            self._staged_bytes = 0
+            self._cond.notify_all()
+
+    def pump(self, head: bytes | None, threshold: int) -> bool:
+        """Operator thread, between records: read a batch of queued keys here when batches are
+        read inline (or a probe of the inline cost is due), once ``threshold`` keys wait.
+        Returns whether a batch was read.
+
+        ``head`` (the key of the record about to be handed over) is left to that record: a
+        record's own wait is never hidden in the operator.
+        """
+        buf = self._buffer
+        probe = not self.inline
+        if probe and (self._thread_batches < _PROBE_EVERY or buf.inflight
+                      or self.config.fetch_mode != "auto"):
+            return False     # a probe waits until the fetch threads are between batches
+        if len(buf.pending) < threshold or self._closed:
+            return False
+        lateness = self.config.lateness or 0.0
+        with self._lock:
+            batch, late = buf.take(self.config.batch_size, self.watermark - lateness, head)
+            self.counters["dropped_late"] += late
+            self._thread_batches = 0
+            self._probing = probe   # threads take no batch meanwhile: the measure stays clean
+        try:
+            if batch:
+                self._fetch(batch, inline=True)
+        finally:
+            if probe:
+                with self._cond:
+                    self._probing = False
+                    self._cond.notify_all()
+        return bool(batch)
+
+    def _measure_inline(self, start: float, end: float, cpu0: float, cpu1: float) -> None:
+        """Choose where batches are read from what inline batches cost.
+
+        An inline batch's wall time not spent on CPU is a wait (for the level, or for a core)
+        that the record loop sits through; a fetch thread could overlap it, but every time the
+        thread needs the GIL back it forces a hand-off on the record loop (after up to the
+        switch interval, anywhere in a record's processing) and holds the GIL for its Python
+        work, stalling that record. So batches are read inline unless their waits take more
+        than ``_INLINE_WAIT_SHARE`` of the loop's time between batches: a slow remote store,
+        not a local disk or a loopback Redis.
+
+        On a loaded machine the thread is also off CPU while it waits for a core, which no
+        fetch thread can overlap; that share is measured on the loop's own work between two
+        batches (CPU time against wall time) and taken out of the batch's wait.
+        """
+        a = 0.25
+        wall, cpu = end - start, cpu1 - cpu0
+        last = self._last_inline_end
+        self._last_inline_end = (end, cpu1)
+        if last is not None:
+            gap_wall, gap_cpu = start - last[0], cpu0 - last[1]
+            if gap_wall > 0:
+                r = min(1.0, max(0.05, gap_cpu / gap_wall))
+                self._on_cpu = r if self._on_cpu is None else self._on_cpu + a * (r - self._on_cpu)
+            gap = end - last[0]
+            self._gap_s = gap if self._gap_s is None else self._gap_s + a * (gap - self._gap_s)
+        wait = max(0.0, wall - cpu / (self._on_cpu or 1.0))
+        self._cpu_s = cpu if self._cpu_s is None else self._cpu_s + a * (cpu - self._cpu_s)
+        waits = self._waits
+        if self._gap_s is None or self.config.fetch_mode != "auto":
+            waits.append(wait)
+            return
+        if self.inline:
+            # A remote store's round trip is a floor under every batch; a busy machine's
+            # stalls come and go: judge by a low quantile of the recent waits.
+            waits.append(wait)
+            if len(waits) < 4:
+                return
+            w = sorted(waits)[len(waits) // 4]
+            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
+        else:
+            # a probe (fetch threads paused): back inline as soon as a batch waits little
+            w = wait
+            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
+            if inline:
+                waits.clear()
+                waits.append(wait)
+        self._wait_s = w
+        if not inline:
+            self._last_inline_end = None     # the next inline batch is a probe, not the next
+        if inline != self.inline:
+            self.inline = inline
+            if not inline:
+                with self._cond:
+                    self._cond.notify_all()
+
+    def _fetch_staged(self, m: Any, batch: list[tuple[bytes, float, float]],
+                      t_start: float) -> None:
+        """Fetch thread with an operator attached: one batched read of the levels, the raw
+        bytes staged (after the same exactness checks as the manager's miss path); decoding
+        and the heap insert are left to the operator's thread."""
+        keys = [kb for kb, _, _ in batch]
+        meta = {kb: (ts, t0) for kb, ts, t0 in batch}
+        error: BaseException | None = None
+        rescue: list[bytes] = []
+        mine: list[bytes] = []
+        late: list[tuple[bytes, bytes, float, float, int]] = []
+        staged = 0
+        load = None
+        try:
+            with m._lock:
+                m._check_open()
+                data, wb, loading = m._data, m._wb, m._loading
+                tomb = wb.tombstones
+                queued = wb.buffer.pending[0] if wb.levels else None
+                for kb in keys:
+                    if kb in data:
+                        if self._policy_hints:
+                            m._policy_hint(kb, meta[kb][0])
+                    elif kb in tomb or kb in loading or kb in self._staged:
+                        continue        # deleted, being read by someone else, or read already
+                    elif queued and kb in queued:
+                        rescue.append(kb)
+                    else:
+                        mine.append(kb)
+                if mine:
+                    load = _Load()
+                    loading.update(dict.fromkeys(mine, load))
+                    seq = wb.wseq
+            if rescue:
+                # in the eviction buffer: back into the heap without I/O (as a demand get would)
+                self._install_loaded(m, m._load_into_heap(rescue, None, prefetch=True), meta)
+            if mine:
+                try:
+                    found, timings = m._read_levels(mine)
+                    good: dict[bytes, bytes] = {}
+                    with m._lock:
+                        for name, elapsed, hits, misses in timings:
+                            st = m._stats.levels[name]
+                            st.loads += 1
+                            st.hits += hits
+                            st.misses += misses
+                            st.keys_loaded += hits
+                            st.load_time.record(elapsed)
+                        m._stats.prefetch["keys_loaded"] += len(found)
+                        data, wb = m._data, m._wb
+                        tomb = wb.tombstones
+                        queued = wb.buffer.pending[0] if wb.levels else None
+                        now_seq = wb.wseq
+                        moved = () if now_seq == seq and not seq & 1 else wb.moved_since(seq)
+                        if moved is not None:
+                            for kb in mine:
+                                raw = found.get(kb)
+                                # a key written, deleted or moved while we read keeps that
+                                # state; the record's own get reads it
+                                if (raw is None or kb in moved or kb in data or kb in tomb
+                                        or (queued and kb in queued)):
+                                    continue
+                                good[kb] = raw
+                    with self._lock:
+                        used = self._used_inflight
+                        st_d = self._staged
+                        for kb, raw in good.items():
+                            ts, t0 = meta[kb]
+                            if kb in used:
+                                late.append((kb, raw, ts, t0, now_seq))  # its get waits: now
+                            else:
+                                st_d[kb] = (raw, ts, t0, now_seq)
+                                self._staged_bytes += len(raw)
+                                staged += 1
+                    if late:
+                        self._install_entries(m, late, used=True)
+                finally:
+                    with m._lock:
+                        for kb in mine:
+                            if loading.get(kb) is load:
+                                del loading[kb]
+                    if load is not None:
+                        load.done.set()
+        except BaseException as exc:  # a backend failure must not kill the fetch thread
+            error = exc
+        now = time.perf_counter()
+        with self._lock:
+            self.counters["batches"] += 1
+            self.counters["staged"] += staged
+            self._thread_batches += 1
+            self.batch_latency.add(now - t_start)
+            if error is not None:
+                self.counters["failures"] += 1
+                if len(self._failed) + len(keys) > _FAILED_MAX:
+                    self._failed.clear()
+                for kb in keys:
+                    self._failed[kb] = error
+            for kb in keys:
+                self._used_inflight.discard(kb)
+            self._buffer.done(keys)          # after staging: see note_use's fast path
+
+    def _install_loaded(self, m: Any, loaded: dict, meta: dict) -> None:
+        """Account keys a fetch put in the heap directly (eviction-buffer rescues)."""
+        if not loaded:
+            return
+        if self._policy_hints:
+            with m._lock:
+                for kb in loaded:
+                    m._policy_hint(kb, meta[kb][0])
+        now = time.perf_counter()
+        with self._lock:
+            for kb in loaded:
+                self.fetch_latency.add(now - meta[kb][1])
+                if kb not in self._used_inflight:
+                    self._landed[kb] = meta[kb][1]
+            self.counters["prefetched"] += len(loaded)
+
+    def install(self, limit: int) -> int:
+        """Operator thread: decode and insert up to ``limit`` staged reads, oldest first."""
+        if not self._staged:
+            return 0
+        with self._cond:
+            staged = self._staged
+            full = self._thread_idle()
+            items = []
+            while staged and len(items) < limit:
+                kb = next(iter(staged))
+                raw, ts, t0, seq = staged.pop(kb)
+                self._staged_bytes -= len(raw)
+                items.append((kb, raw, ts, t0, seq))
+            if full:
+                self._cond.notify_all()
+        m = self._mref()
+        return self._install_entries(m, items, used=False) if m is not None else 0
+
+    def install_keys(self, kbs: list[bytes]) -> int:
+        """A get needs these keys now: install them from the stage, without I/O."""
+        with self._lock:
+            items = []
+            for kb in kbs:
+                entry = self._staged.pop(kb, None)
+                if entry is not None:
+                    self._staged_bytes -= len(entry[0])
+                    items.append((kb, *entry))
+        m = self._mref()
+        return self._install_entries(m, items, used=True) if items and m is not None else 0
+
+    def _install_entries(self, m: Any, items: list[tuple[bytes, bytes, float, float, int]],
+                         used: bool) -> int:
+        """Decode staged reads and insert those still exact into the heap, clean.
+
+        A staged value is dropped if the key is resident (written or loaded meanwhile: that is
+        newer or the same), deleted, in the eviction buffer (written and evicted: newer), or
+        moved between levels by a write since it was read (``wseq``/``moved_since``); the next
+        get then reads it the usual way. ``used``: a record is waiting for these keys (their
+        use was counted already).
+        """
+        if not items:
+            return 0
+        decode = m._codec.decode
+        decoded = []
+        for item in items:
+            try:
+                decoded.append((item, decode(item[1])))
+            except Exception as exc:
+                # bad bytes: the record's own read will raise, naming the level and key
+                self._failed[item[0]] = exc
+        installed: list[tuple[bytes, float]] = []
+        dropped = 0
+        with m._lock:
+            if m._closed:
+                return 0
+            if m._reads or m._reads_ts:
+                m._apply_reads()     # hits before this insert reach the policy first
+            data, wb = m._data, m._wb
+            tomb = wb.tombstones
+            queued = wb.buffer.pending[0] if wb.levels else None
+            wseq = wb.wseq
+            moved_by: dict[int, Any] = {}
+            hint = m._heap.policy.hint if self._policy_hints and m._heap is not None else None
+            admit = m._admit
+            for (kb, raw, ts, t0, seq), value in decoded:
+                if kb in data or kb in tomb or (queued and kb in queued):
+                    dropped += 1
+                    continue
+                if wseq != seq or seq & 1:
+                    moved = moved_by.get(seq, _MISSING)
+                    if moved is _MISSING:
+                        moved = moved_by[seq] = wb.moved_since(seq)
+                    if moved is None or kb in moved:
+                        dropped += 1
+                        continue
+                admit(kb, value, raw, None)
+                if hint is not None and kb in data:
+                    hint(kb, ts)
+                installed.append((kb, t0))
+        m._wb.ensure_writers()
+        now = time.perf_counter()
+        with self._lock:
+            for kb, t0 in installed:
+                self.fetch_latency.add(now - t0)
+                if not used:
+                    self._landed[kb] = t0
+            self.counters["prefetched"] += len(installed)
+            self.counters["staged_dropped"] += dropped
+        return len(installed)
+
+    def drop_staged(self, prefix: bytes = b"") -> int:
+        """Forget staged reads of keys starting with ``prefix`` (their lower copies may have
+        changed under another process: ``CacheManager.invalidate_local``)."""
+        with self._lock:
+            gone = [kb for kb in self._staged if kb.startswith(prefix)]
+            for kb in gone:
+                self._staged_bytes -= len(self._staged.pop(kb)[0])
+            self.counters["staged_dropped"] += len(gone)
+            self._cond.notify_all()
+        return len(gone)
+
     def waiting(self) -> int:
-        """Prefetched or queued keys whose records have not come yet."""
+        """Prefetched, staged or queued keys whose records have not come yet."""
         b = self._buffer
-        return len(self._landed) + len(b.pending) + len(b.inflight)
+        return len(self._landed) + len(self._staged) + len(b.pending) + len(b.inflight)
 
     @property
     def saturated(self) -> bool:
@@ -514,6 +907,12 @@ class Prefetcher:
             out["inflight"] = len(self._buffer.inflight)
             out["depth"] = self.depth
             out["saturated"] = self.saturated
+            out["staged_now"] = len(self._staged)
+            out["staged_bytes"] = self._staged_bytes
+            out["mode"] = "inline" if self.inline else "threads"
+            out["inline_batch_ms"] = {"wait": ms(self._wait_s), "cpu": ms(self._cpu_s),
+                                      "between": ms(self._gap_s),
+                                      "on_cpu": self._on_cpu}
             slack = list(self.slack._d)
             lat = list(self.fetch_latency._d)
             blat = list(self.batch_latency._d)

@@ -39,10 +39,15 @@ def _prefetcher(m) -> Prefetcher:
 
 
 def _wait_idle(p: Prefetcher, bound: float = 30.0) -> None:
+    """Until the fetch threads have nothing left to do. (While an operator reads batches
+    inline, queued keys wait for the operator's next record, not for a thread.)"""
+    def busy():
+        return p._buffer.inflight or (p._buffer.pending and not p._thread_idle())
+
     end = time.monotonic() + bound
-    while (p._buffer.pending or p._buffer.inflight) and time.monotonic() < end:
+    while busy() and time.monotonic() < end:
         time.sleep(0.005)
-    assert not p._buffer.pending and not p._buffer.inflight
+    assert not busy()
 
 
 def test_hinted_keys_are_resident_before_use(tmp_path):
@@ -63,9 +68,10 @@ def test_hinted_keys_are_resident_before_use(tmp_path):
 
 
 def test_operator_prefetches_before_use_when_slack_allows(tmp_path, redis_url):
+    # fetch threads read while the records are processed; the operator installs their reads
     cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=400, max_bytes=None),
                       levels=(RedisConfig(url=redis_url, prefix="pf1"),), namespace="op",
-                      prefetch=PrefetchConfig(hot_threshold=16))
+                      prefetch=PrefetchConfig(hot_threshold=16, fetch_mode="threads"))
     _fill(cfg, [(i, i * 10) for i in range(300)])
     with CacheManager(cfg) as m:
         it = prefetching(range(300), key=lambda r: r, cache=m, depth=16)
@@ -247,11 +253,15 @@ def test_bad_key_errors_name_the_record_index(tmp_path):
             next(it)
 
 
-def test_prefetch_failure_falls_back_to_demand_fetch(tmp_path):
+@pytest.mark.parametrize("mode", ["threads", "inline"])
+def test_prefetch_failure_falls_back_to_demand_fetch(tmp_path, mode):
     delay = Delay(0.0)
-    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16)
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16, fetch_mode=mode)
     _fill(cfg, [(i, -i) for i in range(200)])
-    delay.fail = lambda keys: threading.current_thread().name.startswith("mlcache-prefetch")
+    if mode == "threads":
+        delay.fail = lambda keys: threading.current_thread().name.startswith("mlcache-prefetch")
+    else:
+        delay.fail = lambda keys: len(keys) > 1    # the operator's batches; a demand get reads one
     with CacheManager(cfg) as m:
         out = [m.get(r) for r in prefetching(range(200), key=lambda r: r, cache=m, depth=32)]
         assert out == [-i for i in range(200)]
@@ -519,3 +529,130 @@ def test_latency_window_can_be_read_while_fetch_threads_append():
         stop.set()
         t.join()
         sys.setswitchinterval(old)
+
+
+class _Operator:
+    """Stands for a lookahead operator attached to the prefetcher (it installs staged reads)."""
+
+
+def test_staged_reads_never_install_over_newer_writes_or_deletes(tmp_path):
+    # Fetch threads with an operator attached only read and stage the bytes; the operator's
+    # thread installs them later. Anything written or deleted in between must win.
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=4, hot_threshold=16, fetch_mode="threads")
+    _fill(cfg, [(f"k{i}", i) for i in range(20)])
+    with CacheManager(cfg) as m:
+        p = m._get_prefetcher()
+        op = _Operator()
+        p.attach(op)
+        kbs = [m._encode_key(f"k{i}") for i in range(4)]
+        for i, kb in enumerate(kbs):
+            assert p.hint(kb, i) == "queued"
+        _wait_idle(p)
+        assert all(kb in p._staged for kb in kbs)
+        m.put("k0", "new0")               # resident and dirty
+        m.put("k1", "new1")
+        for j in range(10, 16):           # k1 (and k0) evicted dirty and written below
+            m.get(f"k{j}")
+        m.flush()
+        assert not m._resident(kbs[1])
+        m.delete("k2")                    # a tombstone
+        assert p.install(100) == 1        # only k3 is still what the level holds
+        assert m.get("k0") == "new0" and m.get("k1") == "new1"
+        assert m.get("k2") is None and m.get("k3") == 3
+        assert p.counters["staged_dropped"] == 3
+        p.detach(op)
+
+
+def test_get_of_a_staged_key_installs_it_without_io(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=100, hot_threshold=16, fetch_mode="threads")
+    _fill(cfg, [(f"k{i}", {"v": i}) for i in range(10)])
+    with CacheManager(cfg) as m:
+        p = m._get_prefetcher()
+        op = _Operator()
+        p.attach(op)
+        for i in range(10):
+            m.hint(f"k{i}", i)
+        _wait_idle(p)
+        assert len(p._staged) == 10 and not any(m._resident(kb) for kb in p._staged)
+        reads = delay.reads
+        assert [m.get(f"k{i}")["v"] for i in range(10)] == list(range(10))
+        assert delay.reads == reads and not p._staged
+        p.detach(op)
+
+
+def test_staging_is_bounded_and_threads_resume_when_the_operator_drains(tmp_path):
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16, fetch_mode="threads",
+                       batch_size=4)
+    _fill(cfg, [(i, i) for i in range(100)])
+    with CacheManager(cfg) as m:
+        p = m._get_prefetcher()
+        p.staged_max_keys = 8
+        op = _Operator()
+        p.attach(op)
+        for i in range(100):
+            m.hint(i, i)
+        _wait_idle(p)           # threads stop taking batches once the stage is full
+        full = len(p._staged)
+        assert 8 <= full <= 8 + 4 * p.config.fetch_threads and p._buffer.pending
+        installed = 0
+        end = time.monotonic() + 30
+        while (p._buffer.pending or p._buffer.inflight or p._staged) and time.monotonic() < end:
+            installed += p.install(8)
+            time.sleep(0.002)
+        assert installed == 100 and all(m._resident(m._encode_key(i)) for i in range(100))
+        p.detach(op)
+
+
+def test_inline_mode_reads_batches_on_the_operator_thread(tmp_path):
+    delay = Delay(0.0)
+    readers: set[str] = set()
+
+    def note(keys):
+        readers.add(threading.current_thread().name)
+        return False
+
+    delay.fail = note
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16, fetch_mode="inline")
+    _fill(cfg, [(i, i * 3) for i in range(400)])
+    readers.clear()
+    with CacheManager(cfg) as m:
+        out = []
+        for r in prefetching(range(400), key=lambda r: r, cache=m, depth=32):
+            out.append(m.get(r))
+        st = m.stats()["prefetch"]
+    assert out == [i * 3 for i in range(400)]
+    assert readers == {threading.current_thread().name}   # no fetch thread ever read
+    assert st["mode"] == "inline" and st["inline_batches"] == st["batches"] > 0
+    # a key is read at most a batch's worth of records (16 here) after its hint, 32 before
+    # its use; only the first records, read ahead together, find their keys still queued
+    assert st["late"] <= 17 and st["useful"] >= 400 - 17
+
+
+def test_auto_mode_moves_reads_to_threads_when_they_wait_and_back(tmp_path):
+    delay = Delay(0.02)
+    cfg = _disk_config(tmp_path, delay, entries=5000, hot_threshold=16, batch_size=8)
+    _fill(cfg, [(i, i) for i in range(3000)])
+    with CacheManager(cfg) as m:
+        it = prefetching(range(3000), key=lambda r: r, cache=m, depth=16)
+        p = _prefetcher(m)
+        out = []
+        for r in it:
+            out.append(m.get(r))
+            if r == 400:
+                # reads that wait 20 ms for ~16 records of work: fetch threads overlap them
+                assert p.inline is False and p.counters["staged"] > 0
+                delay.seconds = 0.0
+        assert out == list(range(3000))
+        # probes (one inline batch every 64 thread batches) saw the waits go away
+        assert p.inline is True
+
+
+def test_fetch_mode_is_validated():
+    from mlcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fetch_mode"):
+        PrefetchConfig(fetch_mode="sometimes")
+    assert PrefetchConfig().fetch_mode == "auto"
