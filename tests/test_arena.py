@@ -82,7 +82,23 @@ def check_invariants(a: ArenaLevel) -> None:
     assert a._index_bytes == index_bytes
     assert a.memory_bytes() <= a.max_bytes
     assert a.used_bytes() <= a.max_bytes
-    assert set(a._policy.keys()) == set(a._index)
+    if a._policy is not None:
+        assert set(a._policy.keys()) == set(a._index)
+    # the precomputed links: a block that does not start a stretch of an entry (free blocks
+    # included) has its own address minus one as prev
+    starts = set()
+    for packed in a._index.values():
+        addr = packed & _ADDR
+        while addr:
+            p = a._prev[addr >> shift][addr & a._mask]
+            if p != addr - 1:
+                starts.add(addr)
+            addr = p
+    for b in range(len(a._maps)):
+        for i in range(1, bpb):
+            addr = b << shift | i
+            if addr not in starts:
+                assert a._prev[b][i] == addr - 1, f"block {addr}: prev link not precomputed"
 
 
 # -- model-based ------------------------------------------------------------------------------
@@ -99,10 +115,11 @@ class ArenaVsDict(RuleBasedStateMachine):
 
     max_bytes = 256 * KiB
     may_evict = True
+    policy = "lru"      # kept in the index itself; any other name is a policy object
 
     def __init__(self) -> None:
         super().__init__()
-        self.arena = small_arena(self.max_bytes)
+        self.arena = small_arena(self.max_bytes, policy=self.policy)
         self.arena.may_evict = self.may_evict
         self.model: dict[bytes, bytes] = {}
 
@@ -180,8 +197,21 @@ class TinyStoreOfRecord(ArenaVsDict):
     may_evict = False
 
 
-@pytest.mark.parametrize("machine", [ArenaVsDict, TinyArenaVsDict, TinyStoreOfRecord],
-                         ids=["roomy", "evicting", "store-of-record"])
+class TinyClockArenaVsDict(ArenaVsDict):
+    """Evicting through a policy object (CLOCK) rather than the index's LRU order."""
+
+    max_bytes = 40 * KiB
+    policy = "clock"
+
+
+class ClockStoreOfRecord(TinyStoreOfRecord):
+    policy = "clock"
+
+
+@pytest.mark.parametrize("machine", [ArenaVsDict, TinyArenaVsDict, TinyStoreOfRecord,
+                                     TinyClockArenaVsDict, ClockStoreOfRecord],
+                         ids=["roomy", "evicting", "store-of-record", "evicting-clock",
+                              "store-of-record-clock"])
 def test_arena_matches_dict_model(machine):
     run_state_machine_as_test(
         machine, settings=settings(max_examples=40, stateful_step_count=30, deadline=None))
@@ -421,7 +451,7 @@ def test_python_side_memory_stays_within_the_charged_overheads(key_len, policy):
             a.put(os.urandom(key_len), b"v" * (n % 9000))
             if n % 997 == 0 or n & (n - 1) == 0:
                 used = tracemalloc.get_traced_memory()[0] - base
-                per_buffer = BUFFER_OVERHEAD + 4 * a.blocks_per_buffer
+                per_buffer = BUFFER_OVERHEAD
                 charged = a._fixed + len(a._maps) * per_buffer + n * (ENTRY_OVERHEAD + key_len)
                 worst = max(worst, used - charged)
         assert worst <= 0, f"Python objects exceed the charges by {worst} bytes"

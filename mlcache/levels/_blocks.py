@@ -12,6 +12,11 @@ An *address* is ``buffer << shift | block``; address 0 is buffer 0's metadata bl
 doubles as "none". An entry is a backward-linked chain known by the address of its last block;
 every block but the last is full.
 
+``prev`` is kept precomputed: every block that does not start a stretch of an entry (free
+blocks included) holds its own address minus one, written once when the buffer is mapped. So
+a stretch of k adjacent blocks is linked by writing one ``prev`` (its first block's) and
+freeing it restores that one word; the k - 1 links inside it are already in place.
+
 Free space is kept as *runs*: maximal stretches of free blocks of one buffer, their length
 written at both ends (boundary tags, so freeing merges with free neighbours in O(1)). Each run
 is in the free list of its length (runs of 64 blocks or more share one list, and are cut from
@@ -32,7 +37,7 @@ from typing import Any
 
 __all__ = ["BlockStore", "BUFFER_OVERHEAD"]
 
-BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, memoryviews, list slots (+ 4 B/block)
+BUFFER_OVERHEAD = 1024   # per buffer: the mmap object, memoryviews, list slots
 
 _FREE = 0xFFFF
 _ADDR = 0xFFFFFFFF
@@ -59,8 +64,7 @@ class BlockStore:
         bpb = self.blocks_per_buffer = size // bs
         self._shift = (bpb - 1).bit_length()
         self._mask = (1 << self._shift) - 1
-        # + 4 bytes per block: the buffer's table of block addresses (bulk metadata writes)
-        self._buffer_cost = -(-size // _PAGE) * _PAGE + buffer_overhead + 4 * bpb
+        self._buffer_cost = -(-size // _PAGE) * _PAGE + buffer_overhead
         self._wpb = bs // 4                        # u32 words per block
         self._maps: list[mmap.mmap] = []
         self._views: list[memoryview] = []
@@ -76,7 +80,6 @@ class BlockStore:
         self._free_blocks = 0
         self._free_lens = memoryview(array("H", [_FREE]) * bpb)
         self._full_lens = memoryview(array("H", [bs]) * bpb)
-        self._addrs: list[memoryview] = []         # per buffer: the address of each block
 
     def _new_buffer(self) -> None:
         bpb = self.blocks_per_buffer
@@ -86,14 +89,15 @@ class BlockStore:
         lens = view[4 * bpb:6 * bpb].cast("H")
         nxt = view[6 * bpb:8 * bpb].cast("H")
         lens[:] = self._free_lens
-        base = len(self._addrs) << self._shift
+        base = len(self._maps) << self._shift
+        # the precomputed links: block i's prev is its own address minus one (module doc)
+        prev[1:] = memoryview(array("I", range(base, base + bpb - 1)))
         self._maps.append(m)
         self._views.append(view)
         self._words.append(view.cast("I"))
         self._prev.append(prev)
         self._len.append(lens)
         self._next.append(nxt)
-        self._addrs.append(memoryview(array("I", range(base, base + bpb))))
         self._push(base | 1, bpb - 1)
         self._free_blocks += bpb - 1
         self._allocated += self._buffer_cost
@@ -238,9 +242,8 @@ class BlockStore:
             prevs = self._prev[b]
             if k > 1:
                 lens[i:j] = full[:k - 1]
-                prevs[i + 1:j + 1] = self._addrs[b][i:j]
             lens[j] = nbytes - (k - 1) * bs
-            prevs[i] = prev
+            prevs[i] = prev                        # the links inside the stretch are in place
             if prev and start != prev + 1:
                 contig = 0
             prev = start + k - 1
@@ -254,21 +257,35 @@ class BlockStore:
     def _free_run(self, b: int, i: int, j: int) -> None:
         """Return blocks ``i..j`` of buffer ``b`` (a used stretch) as one run, merged with
         the free runs on either side."""
+        k = j - i + 1
+        self._len[b][i:j + 1] = self._free_lens[:k]
+        self._prev[b][i] = (b << self._shift | i) - 1      # back to the precomputed link
+        self._free_blocks += k
+        self._merge(b, i, j)
+
+    def _merge(self, b: int, i: int, j: int) -> None:
+        """Link blocks ``i..j`` of buffer ``b``, just marked free, as one run merged with the
+        free runs on either side. A long run on the left keeps its place in its list (its
+        first block does not move): only its length tags change."""
         lens = self._len[b]
         nxt = self._next[b]
         base = b << self._shift
-        k = j - i + 1
-        lens[i:j + 1] = self._free_lens[:k]
+        stays = False
         if i > 1 and lens[i - 1] == _FREE:
             n = nxt[i - 1]
             i -= n
-            self._unlink(base | i, n)
+            if n >= self._big:
+                stays = True
+            else:
+                self._unlink(base | i, n)
         if j + 1 < self.blocks_per_buffer and lens[j + 1] == _FREE:
             n = nxt[j + 1]
             self._unlink(base | j + 1, n)
             j += n
-        self._push(base | i, j - i + 1)
-        self._free_blocks += k
+        if stays:
+            nxt[i] = nxt[j] = j - i + 1
+        else:
+            self._push(base | i, j - i + 1)
 
     def _release(self, packed: int) -> None:
         """Return every block of the entry ``packed``: a contiguous entry as one run, a
@@ -328,7 +345,6 @@ class BlockStore:
 
     def _unmap(self) -> None:
         """Release every buffer (``close``); a caller's view keeps its mapping alive."""
-        self._addrs.clear()
         for group in (self._prev, self._len, self._next, self._words, self._views):
             for view in group:
                 view.release()

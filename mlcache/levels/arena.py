@@ -31,13 +31,21 @@ tests/test_arena.py checks all three against ``tracemalloc``. Keeping the index 
 arena as an open-addressed table was rejected: every lookup would become a Python-level probe
 loop, several times slower than a dict, and the policy would still hold Python keys.
 
-Eviction. The arena owns the accounting; the policy only chooses. Each entry is given to the
-policy with weight ``blocks * block_size + index charge`` under a capacity of ``max_bytes``, so
-it never evicts on its own; when a write does not fit, the arena asks for victims by shrinking
-the policy's capacity to what must remain (``resize``) and restoring it. Victims are read out
-and returned as ``(key, value)`` pairs (the Level contract); on the store of record
-(``may_evict=False``) a batch that does not fit raises :class:`CapacityError` and changes
-nothing, and so does an entry larger than the whole arena anywhere.
+Eviction. The arena owns the accounting; the policy only chooses. With the default ``lru``
+the index itself is the recency order (an ``OrderedDict``: a read is one C ``move_to_end``,
+the oldest entries are at its front), so an operation costs no policy calls at all. Any other
+policy is a policy object: each entry is given to it with weight ``blocks * block_size + index
+charge`` under a capacity of ``max_bytes``, so it never evicts on its own; when a write does
+not fit, the arena asks for victims by shrinking the policy's capacity to what must remain
+(``resize``) and restoring it. Victims are read out and returned as ``(key, value)`` pairs
+(the Level contract); on the store of record (``may_evict=False``) a batch that does not fit
+raises :class:`CapacityError` and changes nothing, and so does an entry larger than the whole
+arena anywhere.
+
+The hot paths (``put``, ``get``, ``get_many`` of one key, ``delete``) are written out in one
+function each for the common case -- a new key that fits without eviction in a free run, a
+contiguous entry -- and fall back to the general code otherwise (the per-op cost is Python
+work, so every call and attribute lookup shows; see docs/implementation/arena.md).
 
 Reads copy exactly once, into the ``bytes`` the caller owns (``get_many``); :meth:`view` and
 :meth:`segments` are the zero-copy reads (read-only memoryviews, valid until the entry changes).
@@ -45,12 +53,14 @@ Reads copy exactly once, into the ``bytes`` the caller owns (``get_many``); :met
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from itertools import islice
 from typing import Any, Iterator, Sequence
 
 from ..config import ArenaConfig
 from ..errors import CapacityError, LevelUnavailableError
 from ..policies import get_policy
-from ._blocks import _ADDR, _CONTIG, _PAGE, BUFFER_OVERHEAD, BlockStore
+from ._blocks import _ADDR, _CONTIG, _FREE, _PAGE, BUFFER_OVERHEAD, BlockStore
 from .base import Victims
 
 __all__ = ["ArenaLevel", "ENTRY_OVERHEAD", "BUFFER_OVERHEAD", "LEVEL_OVERHEAD"]
@@ -92,7 +102,9 @@ class ArenaLevel(BlockStore):
         self._lock = threading.Lock()
         self._closed = False
         self._used_blocks = 0
-        self._index: dict[bytes, int] = {}
+        # ``lru``: the index is the recency order and there is no policy object (module doc)
+        lru = cfg.policy == "lru"
+        self._index: dict[bytes, int] = OrderedDict() if lru else {}
         self._index_bytes = 0
         self._data_bytes = 0
         self._allocated = 0                                  # charged for mapped buffers
@@ -100,12 +112,14 @@ class ArenaLevel(BlockStore):
         # run-list heads (4 bytes per list)
         self._fixed = LEVEL_OVERHEAD + 4 * bpb + 4 * (self._big + 1)
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
-        self._policy = get_policy(cfg.policy)(self.max_bytes)
+        policy_cls = get_policy(cfg.policy)
+        self._policy = None if lru else policy_cls(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
-        self._access = self._policy.access
+        self._access = self._index.move_to_end if lru else self._policy.access
         # Values up to this size always fit an empty arena whatever the key (up to 4 KiB).
         self._small = self._max_blocks(ENTRY_OVERHEAD + 4096) * bs
         self.evictions = 0
+        self._bind_hot_paths()
 
     # -- accounting ---------------------------------------------------------------------------
 
@@ -166,16 +180,17 @@ class ArenaLevel(BlockStore):
     # -- buffers and blocks -------------------------------------------------------------------
 
     def _drop(self, key: bytes, packed: int) -> None:
-        """Forget ``key`` (the policy already has) and free its blocks."""
+        """Forget ``key`` (a policy object already has) and free its blocks."""
         del self._index[key]
+        bs = self.block_size
         size = packed >> 33
+        blocks = (size + bs - 1) // bs or 1
         self._data_bytes -= size
-        self._used_blocks -= (size + self.block_size - 1) // self.block_size or 1
+        self._used_blocks -= blocks
         self._index_bytes -= ENTRY_OVERHEAD + len(key)
         if packed & _CONTIG:      # one run: give it back whole, merged with its free neighbours
             j = packed & self._mask
-            self._free_run((packed & _ADDR) >> self._shift,
-                           j - ((size + self.block_size - 1) // self.block_size or 1) + 1, j)
+            self._free_run((packed & _ADDR) >> self._shift, j - blocks + 1, j)
         else:
             self._release(packed)
 
@@ -188,23 +203,53 @@ class ArenaLevel(BlockStore):
         ``sink`` is None (a lossy store of record).
         """
         policy = self._policy
+        index = self._index
+        bs = self.block_size
         while not self._fits(blocks, self._index_bytes + charge):
-            if not (self.may_evict or self.lossy) or not any(k != keep for k in self._index):
+            if not (self.may_evict or self.lossy) or len(index) <= (keep in index):
                 raise CapacityError(
                     f"arena {self.name!r} is full: {blocks} more blocks "
-                    f"({blocks * self.block_size} bytes) + {charge} index bytes do not fit; "
+                    f"({blocks * bs} bytes) + {charge} index bytes do not fit; "
                     f"{self.memory_bytes()} of max_bytes={self.max_bytes} in use"
                     + ("" if self.may_evict or self.lossy else
                        "; it is the store of record, so nothing was written"),
                     level=self.name, key=keep)
-            short = max(0, blocks - self._free_blocks) * self.block_size
+            short = max(0, blocks - self._free_blocks) * bs
             over = self._fixed + self._allocated + self._index_bytes + charge - self.max_bytes
-            chosen = policy.resize(max(1, self.used_bytes() - max(short, over, 1)))
-            policy.resize(self.max_bytes)
-            if not chosen:      # the policy tracks nothing it may give up: oldest other entry
-                chosen = [next(k for k in self._index if k != keep)]
-                policy.remove(chosen[0])
+            need = max(short, over, 1)
+            if policy is None:
+                # LRU: the least recently used entries are at the front of the index
+                count = 32
+                while True:
+                    chosen = []
+                    left = need
+                    front = self._oldest(count)
+                    for key, packed in front:
+                        if key != keep:
+                            chosen.append(key)
+                            left -= ((((packed >> 33) + bs - 1) // bs or 1) * bs
+                                     + ENTRY_OVERHEAD + len(key))
+                            if left <= 0:
+                                break
+                    if left <= 0 or len(front) < count:
+                        break
+                    count *= 4
+            else:
+                chosen = policy.resize(max(1, self.used_bytes() - need))
+                policy.resize(self.max_bytes)
+                if not chosen:      # the policy tracks nothing it may give up: oldest other
+                    chosen = [next(k for k, _ in self._oldest(2) if k != keep)]
+                    policy.remove(chosen[0])
             self._evict(chosen, sink)
+
+    def _oldest(self, count: int) -> list[tuple[bytes, int]]:
+        """The first ``count`` index items, copied in one C call: lock-free readers move keys
+        to the end of the index, so Python code must not iterate over it directly."""
+        while True:
+            try:
+                return list(islice(self._index.items(), count))
+            except RuntimeError:    # moved during the copy (only if a finalizer ran): again
+                pass
 
     def _evict(self, keys: list, sink: Victims | None) -> None:
         for victim in keys:
@@ -271,6 +316,10 @@ class ArenaLevel(BlockStore):
             raise LevelUnavailableError(f"arena {self.name!r} is closed", level=self.name)
 
     # -- the Level protocol -------------------------------------------------------------------
+    #
+    # The class methods below are the general, locked code. ``_bind_hot_paths`` shadows
+    # ``get``, ``get_many``, ``put`` and ``delete`` on the instance with closures written out
+    # for the common case (see the module doc); they fall back to these methods.
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if type(keys) is list and len(keys) == 1:
@@ -279,7 +328,7 @@ class ArenaLevel(BlockStore):
             if self._closed:
                 self._check_open()
             index = self._index
-            access = self._policy.access
+            access = self._access
             bs = self.block_size
             shift = self._shift
             mask = self._mask
@@ -302,7 +351,7 @@ class ArenaLevel(BlockStore):
             return out
 
     def get(self, key: bytes) -> bytes | None:
-        """One key: ``get_many([key])[0]`` without the lists (the hot path)."""
+        """One key: ``get_many([key])[0]`` without the lists."""
         with self._lock:
             packed = self._lookup(key)
             if packed is None:
@@ -317,6 +366,9 @@ class ArenaLevel(BlockStore):
             return b"".join(self._segments(packed))
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> Victims:
+        if type(items) is list and len(items) == 1 and self.may_evict:
+            key, value = items[0]      # the manager's write-back of one entry: the hot path
+            return self.put(key, value)
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -333,10 +385,12 @@ class ArenaLevel(BlockStore):
             if not (self.may_evict or self.lossy):
                 # The whole batch fits (checked); dropping the old values first makes every
                 # intermediate state a subset of the final one, so no step can overflow.
+                policy = self._policy
                 for key, _ in items:
                     old = self._index.get(key)
                     if old is not None:
-                        self._policy.remove(key)
+                        if policy is not None:
+                            policy.remove(key)
                         self._drop(key, old)
             victims: Victims = []
             sink = victims if self.may_evict else None
@@ -351,12 +405,12 @@ class ArenaLevel(BlockStore):
             return victims
 
     def put(self, key: bytes, value: bytes) -> Victims:
-        """One entry: ``put_many([(key, value)])`` without the batch handling (the hot path)."""
+        """One entry: ``put_many([(key, value)])`` without the batch handling."""
         kind = type(value)
         if type(key) is not bytes or (kind is not bytes and (
                 kind is not memoryview or value.format != "B" or value.ndim != 1)) \
                 or len(value) > self._small or not self.may_evict:
-            return self.put_many([(key, value)])
+            return self.put_many(((key, value),))     # a tuple: the general path
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -376,16 +430,21 @@ class ArenaLevel(BlockStore):
         charge = ENTRY_OVERHEAD + len(key)
         old = index.get(key)
         if old is not None:
-            policy.remove(key)
+            if policy is not None:
+                policy.remove(key)
             if old & _CONTIG and (((old >> 33) + bs - 1) // bs or 1) == blocks:
                 # Same number of blocks, in one run: overwrite in place, nothing to allocate.
                 last = old & _ADDR
                 j = last & mask
                 off = (j - blocks + 1) * bs
+                index[key] = last    # not contiguous: lock-free readers wait for the lock
                 self._views[last >> shift][off:off + size] = value
                 self._len[last >> shift][j] = size - (blocks - 1) * bs
                 index[key] = size << 33 | (old & (_ADDR | _CONTIG))
                 self._data_bytes += size - (old >> 33)
+                if policy is None:
+                    index.move_to_end(key)      # type: ignore[attr-defined]
+                    return
                 rejected = policy.insert(key, blocks * bs + charge)
                 if rejected:
                     self._evict(rejected, sink)
@@ -405,12 +464,10 @@ class ArenaLevel(BlockStore):
             off = i * bs
             self._views[b][off:off + size] = value
             lens = self._len[b]
-            prevs = self._prev[b]
             if blocks > 1:
                 lens[i:j] = self._full_lens[:blocks - 1]
-                prevs[i + 1:j + 1] = self._addrs[b][i:j]
             lens[j] = size - (blocks - 1) * bs
-            prevs[i] = 0
+            self._prev[b][i] = 0
             last = start + blocks - 1 | _CONTIG
         else:
             data = value if type(value) is not bytes else memoryview(value)
@@ -418,9 +475,10 @@ class ArenaLevel(BlockStore):
         index[key] = size << 33 | last
         self._used_blocks += blocks
         self._data_bytes += size
-        rejected = policy.insert(key, blocks * bs + charge)
-        if rejected:      # an admission policy declined or pushed out entries
-            self._evict(rejected, sink)
+        if policy is not None:
+            rejected = policy.insert(key, blocks * bs + charge)
+            if rejected:      # an admission policy declined or pushed out entries
+                self._evict(rejected, sink)
 
     def append(self, key: bytes, data: Any) -> Victims:
         """Append ``data`` to entry ``key`` in place; return the victims evicted for room.
@@ -451,7 +509,7 @@ class ArenaLevel(BlockStore):
                 lens[i] = used + size
                 self._data_bytes += size
                 self._index[key] = packed + (size << 33)
-                policy.access(key)
+                self._access(key)
                 return []
             blocks = (length + bs - 1) // bs or 1
             extra = (size - room + bs - 1) // bs
@@ -460,12 +518,16 @@ class ArenaLevel(BlockStore):
             if error is not None:
                 raise error
             victims: Victims = []
+            sink = victims if self.may_evict else None
             if not self._fits(extra, self._index_bytes):
-                policy.remove(key)
-                try:   # the key keeps its index charge; only the blocks need room
-                    self._make_room(extra, 0, key, victims if self.may_evict else None)
-                finally:
-                    policy.insert(key, blocks * bs + charge)
+                if policy is None:   # the key keeps its index charge; only the blocks need room
+                    self._make_room(extra, 0, key, sink)
+                else:
+                    policy.remove(key)
+                    try:
+                        self._make_room(extra, 0, key, sink)
+                    finally:
+                        policy.insert(key, blocks * bs + charge)
             view = data if type(data) is not bytes else memoryview(data)
             if room:
                 off = i * bs + used
@@ -476,21 +538,28 @@ class ArenaLevel(BlockStore):
             self._index[key] = (length + size) << 33 | last
             self._used_blocks += extra
             self._data_bytes += size
+            if policy is None:
+                self._access(key)
+                return victims
             rejected = policy.insert(key, blocks * bs + charge)
             if rejected:
-                self._evict(rejected, victims if self.may_evict else None)
+                self._evict(rejected, sink)
             return victims
 
     def delete_many(self, keys: Sequence[bytes]) -> None:
+        if type(keys) is list and len(keys) == 1:
+            self.delete(keys[0])
+            return
         with self._lock:
             if self._closed:
                 self._check_open()
             index = self._index
-            remove = self._policy.remove
+            policy = self._policy
             for key in keys:
                 packed = index.get(key)
                 if packed is not None:
-                    remove(key)
+                    if policy is not None:
+                        policy.remove(key)
                     self._drop(key, packed)
 
     def delete(self, key: bytes) -> None:
@@ -499,13 +568,273 @@ class ArenaLevel(BlockStore):
                 self._check_open()
             packed = self._index.get(key)
             if packed is not None:
-                self._policy.remove(key)
+                if self._policy is not None:
+                    self._policy.remove(key)
                 self._drop(key, packed)
+
+    # -- the hot paths ------------------------------------------------------------------------
+
+    def _bind_hot_paths(self) -> None:
+        """Shadow ``get``, ``get_many``, ``put`` and ``delete`` with closures for the common
+        case (with ``lru``; another policy keeps the class methods).
+
+        Closures read the level's constants and containers from cells instead of attributes,
+        and are called without a bound method. They take the same decisions as the class
+        methods and hand anything unusual to them: a miss after close, a non-contiguous
+        entry, a value that needs checking, a write that needs eviction or a run split.
+
+        Reads are optimistic, without the lock (module doc): look the key up, copy the
+        entry's bytes with one slice of the mmap, and keep the copy only if the index still
+        holds the same ``packed`` object, so nothing changed the entry meanwhile; otherwise
+        read again under the lock.
+        """
+        if self._policy is not None:
+            return
+        cls = type(self)
+        locked_get = cls.get.__get__(self)
+        general_get_many = cls.get_many.__get__(self)
+        general_put_many = cls.put_many.__get__(self)
+        lock = self._lock
+        acquire = lock.acquire
+        release = lock.release
+        index = self._index
+        lookup = index.get
+        pop = index.pop
+        touch = index.move_to_end                    # type: ignore[attr-defined]
+        maps = self._maps
+        views = self._views
+        lens_of = self._len
+        prev_of = self._prev
+        words_of = self._words
+        next_of = self._next
+        heads = self._heads
+        full = self._full_lens
+        free_lens = self._free_lens
+        drop = self._drop
+        unlink = self._unlink
+        push = self._push
+        take = self._take
+        store = self._store
+        bs = self.block_size
+        shift = self._shift
+        mask = self._mask
+        big = self._big
+        wpb = self._wpb
+        bpb = self.blocks_per_buffer
+        small = self._small
+        contig = _CONTIG
+        addr_mask = _ADDR
+        free = _FREE
+
+        def get(key: bytes) -> bytes | None:
+            packed = lookup(key)
+            if packed is None:
+                if self._closed:
+                    self._check_open()
+                return None
+            if packed & contig:
+                size = packed >> 33
+                addr = packed & addr_mask
+                off = ((addr & mask) - (size - 1) // bs) * bs
+                try:
+                    data = maps[addr >> shift][off:off + size]
+                except (IndexError, ValueError):   # closed meanwhile: the locked read says so
+                    return locked_get(key)
+                if lookup(key) is packed:          # the entry did not change while copied
+                    try:
+                        touch(key)
+                    except KeyError:               # deleted since: the read came first
+                        pass
+                    return data
+            return locked_get(key)
+
+        def get_many(keys: Sequence[bytes]) -> list[bytes | None]:
+            if type(keys) is list and len(keys) == 1:
+                key = keys[0]                      # get() written out: the manager's read
+                packed = lookup(key)
+                if packed is None:
+                    if self._closed:
+                        self._check_open()
+                    return [None]
+                if packed & contig:
+                    size = packed >> 33
+                    addr = packed & addr_mask
+                    off = ((addr & mask) - (size - 1) // bs) * bs
+                    try:
+                        data = maps[addr >> shift][off:off + size]
+                    except (IndexError, ValueError):
+                        return [locked_get(key)]
+                    if lookup(key) is packed:
+                        try:
+                            touch(key)
+                        except KeyError:
+                            pass
+                        return [data]
+                return [locked_get(key)]
+            return general_get_many(keys)
+
+        def put(key: bytes, value: Any) -> Victims:
+            kind = type(value)
+            if type(key) is not bytes or (kind is not bytes and (
+                    kind is not memoryview or value.format != "B" or value.ndim != 1)) \
+                    or not self.may_evict:
+                return general_put_many(((key, value),))
+            size = len(value)
+            if size > small:
+                return general_put_many(((key, value),))
+            blocks = (size + bs - 1) // bs or 1
+            charge = ENTRY_OVERHEAD + len(key)
+            acquire()
+            try:
+                if self._closed:
+                    self._check_open()
+                old = lookup(key)
+                if old is not None:
+                    if old & contig and (((old >> 33) + bs - 1) // bs or 1) == blocks:
+                        # Same number of blocks, in one run: overwrite in place.
+                        last = old & addr_mask
+                        b = last >> shift
+                        j = last & mask
+                        off = (j - blocks + 1) * bs
+                        index[key] = last    # not contiguous: lock-free readers wait
+                        views[b][off:off + size] = value
+                        lens_of[b][j] = size - (blocks - 1) * bs
+                        index[key] = size << 33 | contig | last
+                        self._data_bytes += size - (old >> 33)
+                        touch(key)
+                        return []
+                    drop(key, old)
+                m = self._avail >> blocks
+                if not m or blocks >= big or blocks > self._free_blocks \
+                        or self._index_bytes + charge > self._index_room:
+                    victims: Victims = []
+                    store(key, value, victims)
+                    return victims
+                # The shortest free run that holds the entry (the lowest list at or above it).
+                c = blocks + (m & -m).bit_length() - 1
+                start = heads[c]
+                if c == big:
+                    tags = next_of[start >> shift]
+                    i = start & mask
+                    rest = tags[i] - blocks
+                    if rest >= big:        # a long run: cut from its tail, it stays linked
+                        tags[i] = rest
+                        tags[i + rest - 1] = rest
+                        start += rest
+                    else:
+                        start = take(blocks)[0]
+                else:                      # pop the head of an exact-length list
+                    words = words_of[start >> shift]
+                    fwd = words[(start & mask) * wpb]
+                    heads[c] = fwd
+                    if fwd:
+                        words_of[fwd >> shift][(fwd & mask) * wpb + 1] = 0
+                    else:
+                        self._avail &= ~(1 << c)
+                    if c > blocks:
+                        push(start + blocks, c - blocks)
+                self._free_blocks -= blocks
+                b = start >> shift
+                i = start & mask
+                off = i * bs
+                views[b][off:off + size] = value       # the one copy
+                lens = lens_of[b]
+                j = i + blocks - 1
+                if blocks > 1:             # every block but the last is full
+                    if blocks < 5:
+                        lens[i] = bs
+                        if blocks > 2:
+                            lens[i + 1] = bs
+                            if blocks > 3:
+                                lens[i + 2] = bs
+                    else:
+                        lens[i:j] = full[:blocks - 1]
+                lens[j] = size - (blocks - 1) * bs
+                prev_of[b][i] = 0          # first block; the links inside the run are in place
+                index[key] = size << 33 | contig | (start + blocks - 1)
+                self._index_bytes += charge
+                self._used_blocks += blocks
+                self._data_bytes += size
+                return []
+            finally:
+                release()
+
+        def delete(key: bytes) -> None:
+            acquire()
+            try:
+                if self._closed:
+                    self._check_open()
+                packed = pop(key, None)
+                if packed is None:
+                    return
+                size = packed >> 33
+                blocks = (size + bs - 1) // bs or 1
+                self._data_bytes -= size
+                self._used_blocks -= blocks
+                self._index_bytes -= ENTRY_OVERHEAD + len(key)
+                if not packed & contig:
+                    self._release(packed)
+                    return
+                last = packed & addr_mask
+                b = last >> shift
+                j = last & mask
+                i = j - blocks + 1
+                lens = lens_of[b]
+                if blocks < 5:
+                    lens[j] = free
+                    if blocks > 1:
+                        lens[i] = free
+                        if blocks > 2:
+                            lens[i + 1] = free
+                            if blocks > 3:
+                                lens[i + 2] = free
+                else:
+                    lens[i:j + 1] = free_lens[:blocks]
+                prev_of[b][i] = last - blocks      # back to the precomputed link
+                self._free_blocks += blocks
+                # _merge written out: join the free runs on either side, link the result
+                nxt = next_of[b]
+                base = b << shift
+                stays = False
+                if i > 1 and lens[i - 1] == free:
+                    n = nxt[i - 1]
+                    i -= n
+                    if n >= big:          # a long run on the left keeps its place
+                        stays = True
+                    else:
+                        unlink(base | i, n)
+                if j + 1 < bpb and lens[j + 1] == free:
+                    n = nxt[j + 1]
+                    unlink(base | j + 1, n)
+                    j += n
+                n = j - i + 1
+                nxt[i] = n
+                nxt[j] = n
+                if stays:
+                    return
+                c = n if n < big else big          # _push written out
+                head = heads[c]
+                words = words_of[b]
+                w = i * wpb
+                words[w] = head
+                words[w + 1] = 0
+                if head:
+                    words_of[head >> shift][(head & mask) * wpb + 1] = base | i
+                else:
+                    self._avail |= 1 << c
+                heads[c] = base | i
+            finally:
+                release()
+
+        self.get = get                      # type: ignore[method-assign]
+        self.get_many = get_many            # type: ignore[method-assign]
+        self.put = put                      # type: ignore[method-assign]
+        self.delete = delete                # type: ignore[method-assign]
 
     def scan(self, prefix: bytes) -> Iterator[bytes]:
         with self._lock:
             self._check_open()
-            found = [k for k in self._index if k.startswith(prefix)]
+            found = [k for k, _ in self._oldest(len(self._index)) if k.startswith(prefix)]
         return iter(found)
 
     def sync(self) -> None:
@@ -537,7 +866,7 @@ class ArenaLevel(BlockStore):
             packed = self._index.get(key)
             if packed is None:
                 return None
-            self._policy.access(key)
+            self._access(key)
             return [part.toreadonly() for part in self._segments(packed)]
 
     def view(self, key: bytes) -> memoryview | None:
@@ -551,7 +880,7 @@ class ArenaLevel(BlockStore):
             packed = self._index.get(key)
             if packed is None:
                 return None
-            self._policy.access(key)
+            self._access(key)
             if not packed & _CONTIG:
                 return memoryview(b"".join(self._segments(packed)))
             bs = self.block_size
