@@ -19,7 +19,18 @@ Experiments (each against its baselines, same data, same run):
 
 Sequential, random and churn runs each take a fresh interpreter (``python -m
 mlcache.bench.arena PHASE VARIANT ...``) so neither side inherits the other's heap or page
-faults; the throughput phases keep the best of two such runs (the machine is shared).
+faults. The throughput phases (sequential, random, append) run baseline and arena interleaved,
+alternating which goes first, N times each (full 5, quick 3), and keep each side's best figure:
+the machine is shared, and a neighbour's burst then hits both sides alike instead of whichever
+happened to run during it. They count CPU time (``time.process_time``: user + system, so page
+faults are in, time spent preempted is not). The level comparison counts wall time
+(``perf_counter``), since a Redis round trip is mostly waiting.
+
+The garbage collector is in the same state on both sides: enabled (as in a user's process),
+after a ``gc.collect()`` and a ``gc.freeze()`` of the setup (the workload plan and the value
+pool), so a collection during a timed loop would not walk the setup objects. Each worker also
+reports how many collections ran inside its timed loops (``gc_runs``), so the report shows
+whether the collector touched either side at all.
 """
 from __future__ import annotations
 
@@ -30,6 +41,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +70,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # the machine is shared, and wall time would measure the neighbours. The level comparison
 # uses wall time, since a Redis round trip is mostly waiting.
 _cpu = time.process_time
+
+_gc_runs = [0]
+
+
+def _count_gc(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_runs[0] += 1
+
+
+def _settle() -> None:
+    """Right before a timed loop: collect, freeze what exists (the setup), keep the collector
+    on, and count the collections from here (read ``_gc_runs[0]`` right after the loop)."""
+    gc.enable()
+    gc.collect()
+    gc.freeze()
+    if _count_gc not in gc.callbacks:
+        gc.callbacks.append(_count_gc)
+    _gc_runs[0] = 0
 
 
 def _rss() -> int:
@@ -110,8 +140,9 @@ def _seq(variant: str, n: int) -> dict[str, float]:
     s = _store(variant)
     put, get, delete = s.put, s.get, s.delete
     out: dict[str, float] = {}
+    gc_runs = 0
     for round_ in ("", "_warm"):
-        gc.collect()
+        _settle()
         t0 = _cpu()
         for i, k in enumerate(keys):
             put(k, values[i & 1023])
@@ -122,9 +153,11 @@ def _seq(variant: str, n: int) -> dict[str, float]:
         for k in keys:
             delete(k)
         t3 = _cpu()
+        gc_runs += _gc_runs[0]
         out[f"insert{round_}"] = (t1 - t0) / n * 1e9
         out[f"get{round_}"] = (t2 - t1) / n * 1e9
         out[f"delete{round_}"] = (t3 - t2) / n * 1e9
+    out["gc_runs"] = gc_runs
     return out
 
 
@@ -140,7 +173,7 @@ def _random(variant: str, n: int) -> dict[str, float]:
              keys[rng.randrange(space)]) for _ in range(n)]
     s = _store(variant)
     put, get, delete = s.put, s.get, s.delete
-    gc.collect()
+    _settle()
     t0 = _cpu()
     for insert, key, value, probe in plan:
         if insert:
@@ -148,13 +181,14 @@ def _random(variant: str, n: int) -> dict[str, float]:
         else:
             delete(key)
         get(probe)
-    return {"op_read": (_cpu() - t0) / n * 1e9}
+    return {"op_read": (_cpu() - t0) / n * 1e9, "gc_runs": _gc_runs[0]}
 
 
 def _append(variant: str, events: int) -> dict[str, float]:
     evs = [bytes([i]) * 100 for i in range(64)]
     if variant == "dict":
         d = {b"log": b""}
+        _settle()
         t0 = _cpu()
         for i in range(events):
             d[b"log"] = d[b"log"] + evs[i & 63]
@@ -164,12 +198,15 @@ def _append(variant: str, events: int) -> dict[str, float]:
         a = _arena(1 << 30)
         a.put(b"log", b"")
         append = a.append
+        _settle()
         t0 = _cpu()
         for i in range(events):
             append(b"log", evs[i & 63])
         dt = _cpu() - t0
+    runs = _gc_runs[0]
+    if variant != "dict":
         assert len(a.get(b"log")) == 100 * events
-    return {"append": dt / events * 1e9}
+    return {"append": dt / events * 1e9, "gc_runs": runs}
 
 
 def _churn(variant: str, max_bytes: int, ops: int) -> dict[str, float]:
@@ -245,22 +282,31 @@ def _spawn(phase: str, variant: str, *params: int) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _best(phase: str, variant: str, *params: int, reps: int = 2) -> dict[str, float]:
-    runs = [_spawn(phase, variant, *params) for _ in range(reps)]
-    return {k: min(r[k] for r in runs) for k in runs[0]}
+def _interleaved(phase: str, *params: int, reps: int) -> dict[str, dict[str, float]]:
+    """Baseline and arena runs alternating (dict, arena, arena, dict, ...), ``reps`` each;
+    per side the best of each figure, ``gc_runs`` summed."""
+    runs: dict[str, list[dict[str, float]]] = {"dict": [], "arena": []}
+    for r in range(reps):
+        for variant in (("dict", "arena") if r % 2 == 0 else ("arena", "dict")):
+            runs[variant].append(_spawn(phase, variant, *params))
+    return {v: {k: (sum if k == "gc_runs" else min)(x[k] for x in rs) for k in rs[0]}
+            for v, rs in runs.items()}
 
 
 # -- levels: the Level API, one entry per call ---------------------------------------------------
 
 def _level_ops(level: Any, n: int, values: list[memoryview]) -> dict[str, float]:
-    """Per-op wall time of put/get/delete, one key per call: the best batch of 50 ops.
+    """Per-op wall time of put/get/delete, one key per call, per batch of 50 ops.
 
-    The fastest batch is the cost of the operation itself; slower ones were preempted (the
-    machine is shared), and that hits a 2 us arena op harder than a 50 us Redis round trip.
+    Every level gets the same keys and the same ``bytes`` values through the same calls
+    (``put_many([item])``, ``get_many([key])``, ``delete_many([key])``: the Level protocol,
+    as the manager calls it). The fastest batch is the cost of the operation itself; slower
+    ones were preempted (the machine is shared), and that hits a 1 us arena op harder than a
+    50 us Redis round trip. The batch times are kept too, for the medians in the report.
     """
     keys = [b"lvl-%07d" % i for i in range(n)]
     items = [(k, bytes(values[i % len(values)])) for i, k in enumerate(keys)]
-    best = {"insert": math.inf, "get": math.inf, "delete": math.inf}
+    batches: dict[str, list[float]] = {"insert": [], "get": [], "delete": []}
     clock = time.perf_counter
     for lo in range(0, n, 50):
         batch_items, batch_keys = items[lo:lo + 50], keys[lo:lo + 50]
@@ -275,13 +321,15 @@ def _level_ops(level: Any, n: int, values: list[memoryview]) -> dict[str, float]
             level.delete_many([k])
         t3 = clock()
         m = len(batch_keys)
-        best["insert"] = min(best["insert"], (t1 - t0) / m * 1e9)
-        best["get"] = min(best["get"], (t2 - t1) / m * 1e9)
-        best["delete"] = min(best["delete"], (t3 - t2) / m * 1e9)
-    return best
+        batches["insert"].append((t1 - t0) / m * 1e9)
+        batches["get"].append((t2 - t1) / m * 1e9)
+        batches["delete"].append((t3 - t2) / m * 1e9)
+    return batches
 
 
-def _levels(n: int) -> dict[str, dict[str, float]]:
+def _levels(n: int, reps: int = 3) -> dict[str, dict[str, float]]:
+    """Per level and op: the best batch (``insert``, ``get``, ``delete``) and the median
+    batch (``*_median``) over ``reps`` interleaved repetitions."""
     from .._redis_server import RedisServer
     from ..config import DiskConfig, RedisConfig
     from ..levels.disk import DiskLevel
@@ -295,20 +343,23 @@ def _levels(n: int) -> dict[str, dict[str, float]]:
         "disk": DiskLevel(DiskConfig(path=os.path.join(tmp, "disk"))),
         "redis": RedisLevel(RedisConfig(url=server.url, prefix="bench-" + uuid.uuid4().hex[:8])),
     }
-    out: dict[str, dict[str, float]] = {}
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in levels}
     try:
-        # interleaved repetitions, best of three per figure: the machine is shared
-        for _ in range(3):
+        # interleaved repetitions (the machine is shared), the same GC state for every level
+        _settle()
+        for _ in range(reps):
             for name, level in levels.items():
-                r = _level_ops(level, n, values)
-                best = out.setdefault(name, r)
-                for k, v in r.items():
-                    best[k] = min(best[k], v)
+                for op, batch in _level_ops(level, n, values).items():
+                    times[name].setdefault(op, []).extend(batch)
     finally:
         for level in levels.values():
             level.close()
         server.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
+    out: dict[str, dict[str, float]] = {}
+    for name, ops in times.items():
+        out[name] = {op: min(ts) for op, ts in ops.items()}
+        out[name].update({f"{op}_median": statistics.median(ts) for op, ts in ops.items()})
     return out
 
 
@@ -320,25 +371,27 @@ def run(args: argparse.Namespace) -> BenchReport:
     n_seq = 10_000 if quick else 100_000
     n_rand = 10_000 if quick else 100_000
     n_level = 500 if quick else 2_000
+    reps = 3 if quick else 5
     events = 5_000 if quick else 10_000
     churn_mib = getattr(args, "churn_mib", None) or (64 if quick else 256)
     churn_ops = 20_000 if quick else 100_000
 
-    seq = {v: _best("seq", v, n_seq) for v in ("dict", "arena")}
+    seq = _interleaved("seq", n_seq, reps=reps)
     for v in ("dict", "arena"):
         r = seq[v]
         report.result(f"sequential {n_seq:,} x 10 KiB: {v}", insert_ns=r["insert"],
                       get_ns=r["get"], delete_ns=r["delete"], warm_insert_ns=r["insert_warm"],
                       warm_get_ns=r["get_warm"])
-    rnd = {v: _best("random", v, n_rand) for v in ("dict", "arena")}
+    rnd = _interleaved("random", n_rand, reps=reps)
     for v in ("dict", "arena"):
         report.result(f"random {n_rand:,} ops 60/40, 10|100 KiB + read: {v}",
                       op_plus_read_ns=rnd[v]["op_read"])
-    lv = _levels(n_level)
+    lv = _levels(n_level, reps)
     for name, r in lv.items():
         report.result(f"level API, {n_level:,} x 10 KiB: {name}", insert_ns=r["insert"],
-                      get_ns=r["get"], delete_ns=r["delete"])
-    app = {v: _best("append", v, events) for v in ("dict", "arena")}
+                      get_ns=r["get"], delete_ns=r["delete"],
+                      get_median_ns=r["get_median"], insert_median_ns=r["insert_median"])
+    app = _interleaved("append", events, reps=reps)
     report.result(f"append {events:,} x 100 B to one entry: dict read-modify-write",
                   append_ns=app["dict"]["append"])
     report.result(f"append {events:,} x 100 B to one entry: arena append",
@@ -367,6 +420,15 @@ def run(args: argparse.Namespace) -> BenchReport:
                 "<=", 1.01)
     report.note("dict-with-copy copies in (bytes(view)) and out (bytes(memoryview(v))); a plain "
                 f"dict lookup without the copy-out is not a cache read a caller may keep")
+    gc_runs = {v: sum(int(ph[v].get("gc_runs", 0)) for ph in (seq, rnd, app))
+               for v in ("dict", "arena")}
+    report.note(f"method: sequential, random and append run dict and arena interleaved, {reps} "
+                f"fresh processes each, best CPU time (process_time: user + system) per side; "
+                f"GC enabled for both after gc.collect() + gc.freeze() of the setup, collections "
+                f"inside timed loops: dict {gc_runs['dict']}, arena {gc_runs['arena']}; levels: "
+                f"same keys and bytes values through put_many/get_many/delete_many of one key, "
+                f"wall time (perf_counter), best batch of 50 over {reps} interleaved passes "
+                f"(medians in the table)")
     report.note(f"dict-of-bytes churn: RSS grew to {churn['dict']['peak_rss'] / MiB:.1f} MiB "
                 f"peak / {churn['dict']['final_rss'] / MiB:.1f} MiB final for "
                 f"{churn['dict']['live'] / MiB:.1f} MiB live (x{churn['dict']['final_rss'] / max(1, churn['dict']['live']):.2f}); "
