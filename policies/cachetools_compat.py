@@ -44,18 +44,16 @@ class _PolicyCache(cachetools.Cache):
         self._maxsize = maxsize
         # cachetools allows maxsize=0 (every insert is "too large"); policies need >= 1.
         self._options = policy_options
-        self._plain_missing = type(self).__missing__ is cachetools.Cache.__missing__
         self._policy = self._policy_class(max(1, maxsize), **policy_options)
         self._bind()
 
     # -- the mapping ---------------------------------------------------------------------------
 
     def __getitem__(self, key: Hashable) -> Any:
-        value = self._data.get(key, _MISSING)
-        if value is _MISSING:
-            if self._plain_missing:
-                raise KeyError(key)  # what cachetools.Cache.__missing__ does, one call less
-            return self.__missing__(key)
+        # A miss raises KeyError from the dict lookup itself, in C: what cachetools.Cache does
+        # through __missing__, without a Python-level raise (a subclass that defines
+        # __missing__ gets _getitem_missing instead, see __init_subclass__).
+        value = self._data[key]
         try:  # the common hit, inlined: W-TinyLFU's protected segment
             self._hot.move_to_end(key)
         except KeyError:
@@ -64,6 +62,19 @@ class _PolicyCache(cachetools.Cache):
         counts = self._counts
         counts[key] = counts.get(key, 0) + 1
         return value
+
+    def _getitem_missing(self, key: Hashable) -> Any:
+        """``__getitem__`` for subclasses with their own ``__missing__`` (cachetools' hook)."""
+        value = self._data.get(key, _MISSING)
+        if value is _MISSING:
+            return self.__missing__(key)
+        self._access(key)
+        return value
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__missing__ is not cachetools.Cache.__missing__ and "__getitem__" not in cls.__dict__:
+            cls.__getitem__ = _PolicyCache._getitem_missing  # type: ignore[method-assign]
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         value = self._data.get(key, _MISSING)
@@ -87,11 +98,11 @@ class _PolicyCache(cachetools.Cache):
                 return
             data[key] = value
             lost = self._miss(key)
-            if type(lost) is list:  # the policy's general path: any number of victims
+            try:
+                del data[lost]  # the steady path: one key left
+            except TypeError:  # a list (unhashable): the policy's general path, any victims
                 for victim in lost:
                     del data[victim]
-            else:
-                del data[lost]
             return
         if self._sizes is None:
             raise ValueError("value too large")  # maxsize 0

@@ -121,6 +121,7 @@ class WTinyLFUPolicy(BasePolicy):
         self._countdown = self._drain_size()
         self._victim: Hashable = _NOKEY  # probation's head while cached, and its estimate
         self._victim_freq = 0
+        self._bar = 0  # min(_victim_freq, _WARM): a candidate below it loses (see _miss)
         self._unit = True  # every weight so far is 1
         self._steady = False  # full, unit weights, window at its target: see _add
 
@@ -192,6 +193,7 @@ class WTinyLFUPolicy(BasePolicy):
             return [key]
         if weight != 1:
             self._unit = self._steady = False
+            self._victim = _NOKEY
         return self._add(key, weight)
 
     def remove(self, key: Hashable) -> None:
@@ -209,6 +211,7 @@ class WTinyLFUPolicy(BasePolicy):
         self._window_max = max(1.0, self._window_max * capacity / self.capacity)
         self.capacity = capacity
         self._steady = False
+        self._victim = _NOKEY
         return self._evict()
 
     # -- the miss path -------------------------------------------------------------------------
@@ -218,92 +221,103 @@ class WTinyLFUPolicy(BasePolicy):
 
         (Keys are hashable, so a list result is never a key.) The steady state — full, unit
         weights, window at its target — is handled here inline: the window's LRU entry (never
-        ``key``) meets the probation victim, counts and sizes do not change.
+        ``key``) meets the probation victim, counts and sizes do not change. Every line here
+        runs on most misses and in CPython the bytecode count is the cost, so: the victim and
+        the bar ``min(its estimate, _WARM)`` are cached (``_victim`` is ``_NOKEY`` whenever
+        the policy is not steady), and the candidate's sketch rows are read inline one at a
+        time: a count-min estimate is the minimum of the rows, so the first row whose counter
+        plus the candidate's exact buffered count is below the bar proves that the candidate
+        can neither win, tie nor be warm. Most candidates are cold and stop after one or two
+        rows; the rest are settled by :meth:`_settle`.
         """
         pending = self._pending
         pending[key] = pending.get(key, 0) + 1
         if key in self._wghost or key in self._mghost:
             self._adapt(key)
-        countdown = self._countdown - 1
-        if countdown:
-            self._countdown = countdown
-        else:
+        n = self._countdown - 1
+        self._countdown = n
+        if not n:
             self._drain()
-        victim = self._victim  # probation's head, cached with its estimate
+        victim = self._victim
         if victim is _NOKEY:
-            if not self._steady or not self._probation:
+            victim = self._cache_victim()
+            if victim is _NOKEY:
                 return self._add(key, 1, False)
-            victim = self._victim = next(iter(self._probation))
-            self._victim_freq = self._freq(victim)
-        elif not self._steady:
-            return self._add(key, 1, False)
         window = self._window
         window[key] = 1
-        cand = window.popitem(last=False)[0]
-        # TinyLFU: the candidate must beat the victim. Most candidates are cold: the first row
-        # of the sketch already shows that they can neither win, tie, nor be warm.
+        cand = window.popitem(False)[0]
+        m = hash((cand, self._seed))
+        mask = self._mask
+        i = m & mask  # from here on small ints: 64-bit ones are multi-digit PyLongs, slower
+        t = self._table
+        bar = self._bar - pending.get(cand, 0)  # what the candidate's sketch rows must reach
+        f = (t[i >> 1] >> ((i & 1) << 2)) & 15
+        if f >= bar:
+            b = ((m >> 32) | 1) & mask  # rows 1-3: Kirsch-Mitzenmacher steps, mod the width
+            i = (i + b) & mask
+            c = (t[(i >> 1) + self._row1] >> ((i & 1) << 2)) & 15
+            if c >= bar:
+                if c < f:
+                    f = c
+                i = (i + b) & mask
+                c = (t[(i >> 1) + self._row2] >> ((i & 1) << 2)) & 15
+                if c >= bar:
+                    if c < f:
+                        f = c
+                    i = (i + b) & mask
+                    c = (t[(i >> 1) + self._row3] >> ((i & 1) << 2)) & 15
+                    if c >= bar:
+                        return self._settle(cand, victim, c if c < f else f)
+        ticks = self._ticks - 1  # the ghosts remember one loss in _SAMPLE
+        if ticks:
+            self._ticks = ticks
+            return cand
+        self._ticks = _SAMPLE
+        if self._adaptive:
+            ghosts = self._wghost
+            ghosts[cand] = _LOST_WINDOW
+            if len(ghosts) > self._ghost_limit:
+                ghosts.popitem(False)
+        return cand
+
+    def _settle(self, cand: Hashable, victim: Hashable, f: int) -> Hashable:
+        """The steady miss whose candidate (sketch estimate ``f``) was not refused by its rows:
+        admission proper."""
         vf = self._victim_freq
+        pc = self._pending.get(cand, 0)
         tie = False
-        if not vf:
-            admitted = True  # the candidate has at least its own access
+        if not vf or pc > vf:  # the candidate has at least its own access / its count wins
+            admitted = True
         else:
-            pc = pending.get(cand, 0)
-            limit = vf - pc  # the candidate's sketch part must exceed this
-            if limit < 0:
-                admitted = True
-            else:
-                m = hash((cand, self._seed))
-                mask = self._mask
-                t = self._table
-                i = m & mask
-                f = (t[i >> 1] >> ((i & 1) << 2)) & 15
-                if f < limit and f + pc < _WARM:
-                    admitted = False
-                else:  # the other three rows (Kirsch-Mitzenmacher steps, as in the sketch)
-                    b = (m >> 32) | 1
-                    w = self._width
-                    m += b
-                    i = (m & mask) + w
-                    c = (t[i >> 1] >> ((i & 1) << 2)) & 15
-                    if c < f:
-                        f = c
-                    m += b
-                    i = (m & mask) + 2 * w
-                    c = (t[i >> 1] >> ((i & 1) << 2)) & 15
-                    if c < f:
-                        f = c
-                    m += b
-                    i = (m & mask) + 3 * w
-                    c = (t[i >> 1] >> ((i & 1) << 2)) & 15
-                    if c < f:
-                        f = c
-                    if f < limit and f + pc < _WARM:
-                        admitted = False
-                    else:
-                        admitted = self._decide(f + pc, vf)
-                        tie = self._tie
+            admitted = self._decide(f + pc, vf)
+            tie = self._tie
         if admitted:
             probation = self._probation
             del probation[victim]
             probation[cand] = 1
             self._victim = _NOKEY
-            lost = victim
+            lost, ghosts, code = victim, self._mghost, _LOST_MAIN
         else:
-            lost = cand
+            lost, ghosts, code = cand, self._wghost, _LOST_WINDOW
         ticks = self._ticks - 1
         if ticks:
             self._ticks = ticks
         else:
             self._ticks = _SAMPLE
             if self._adaptive:
-                if admitted:
-                    ghosts, code = self._mghost, _LOST_MAIN
-                else:
-                    ghosts, code = self._wghost, _LOST_WINDOW
                 ghosts[lost] = code | _TIE if tie else code
                 if len(ghosts) > self._ghost_limit:
-                    ghosts.popitem(last=False)
+                    ghosts.popitem(False)
         return lost
+
+    def _cache_victim(self) -> Hashable:
+        """Cache probation's head, its estimate and the first-row bar; ``_NOKEY`` if not steady."""
+        if not self._steady or not self._probation:
+            return _NOKEY
+        victim = self._victim = next(iter(self._probation))
+        vf = self._victim_freq = self._freq(victim)
+        self._bar = vf if vf < _WARM else _WARM
+        return victim
 
     def _add(self, key: Hashable, weight: int = 1, count: bool = True) -> list:
         """Insert an absent ``key`` (the general path); return the victims."""
@@ -326,6 +340,7 @@ class WTinyLFUPolicy(BasePolicy):
             victims = []
         self._steady = (self._unit and self.total_weight == self.capacity
                         and self._wsize <= self._window_max < self._wsize + 1)
+        self._victim = _NOKEY  # re-cached by the next steady miss (see _cache_victim)
         return victims
 
     def _beats(self, candidate: Hashable, vf: int) -> bool:
@@ -444,6 +459,7 @@ class WTinyLFUPolicy(BasePolicy):
                     self._account(seg, weight - old)
                     self.total_weight += weight - old
                     self._unit = self._steady = False
+                    self._victim = _NOKEY
                 break
         self.access(key)
         if weight > self.capacity:
@@ -471,8 +487,7 @@ class WTinyLFUPolicy(BasePolicy):
     def _drain(self) -> None:
         pending = self._pending
         if pending:
-            sk = self.sketch
-            sk.increment_mixed(sk.mix_many(pending), list(pending.values()))
+            self.sketch.increment_counts(pending)
             pending.clear()
         self._victim = _NOKEY
         self._countdown = self._drain_size()
@@ -489,6 +504,8 @@ class WTinyLFUPolicy(BasePolicy):
         """Local copies of what an estimate reads (the policy mixes keys, not their hashes)."""
         sk = self.sketch
         self._seed, self._table, self._mask, self._width = sk._seed, sk.table, sk.mask, sk.width
+        # Byte offsets of rows 1-3 in the table (two counters per byte).
+        self._row1, self._row2, self._row3 = sk.width // 2, sk.width, 3 * sk.width // 2
 
     def _freq(self, key: Hashable) -> int:
         f = self.sketch.frequency_of_mixed(hash((key, self._seed))) + self._pending.get(key, 0)
@@ -509,6 +526,7 @@ class WTinyLFUPolicy(BasePolicy):
         else:
             self._window_max = max(1.0, self._window_max - step)
         self._steady = False
+        self._victim = _NOKEY
 
     def _ghost(self, key: Hashable, code: int) -> None:
         ticks = self._ticks - 1
@@ -520,4 +538,4 @@ class WTinyLFUPolicy(BasePolicy):
             ghosts = self._wghost if code == _LOST_WINDOW else self._mghost
             ghosts[key] = code | _TIE if self._tie else code
             if len(ghosts) > self._ghost_limit:
-                ghosts.popitem(last=False)
+                ghosts.popitem(False)

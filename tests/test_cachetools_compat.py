@@ -147,3 +147,38 @@ def test_tinylfu_equal_but_distinct_keys_stay_consistent():
         assert len(cache) <= 50
     policy = cache._policy
     assert len(policy) == len(cache) and all(k in cache for k in policy.keys())
+
+
+def test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps():
+    # The cache inlines the policy's common hit and raises misses from its dict lookup; the
+    # eviction decisions must still be the policy's own: the same trace played through the
+    # simulator leaves the same resident keys (hits, drains, adaptation, ties included).
+    from mlcache.policies.wtinylfu import WTinyLFUPolicy
+    from mlcache.sim import play, zipf
+
+    keys = zipf(30_000, n_keys=3_000, alpha=0.9, seed=5).keys
+    keys += list(range(10_000, 10_400)) * 3  # a loop phase: ghosts move the window
+    cache = TinyLFUCache(maxsize=200)
+    hits = 0
+    for k in keys:
+        try:
+            cache[k]
+            hits += 1
+        except KeyError:
+            cache[k] = k
+    policy = WTinyLFUPolicy(200)
+    result = play(policy, keys)
+    assert hits == result.hits
+    assert set(cache) == set(policy.keys())
+
+
+def test_missing_hook_sees_hits_as_hits():
+    class Loading(TinyLFUCache):
+        def __missing__(self, key):
+            self[key] = key
+            return key
+
+    cache = Loading(maxsize=8)
+    for k in [1, 2, 1, 1, 3] * 20:
+        assert cache[k] == k
+    assert set(cache) == {1, 2, 3} and cache._policy.frequency(1) >= cache._policy.frequency(3)
