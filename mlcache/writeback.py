@@ -29,7 +29,9 @@ raised to the next ``flush``/``checkpoint``, or to a ``put`` that needs room in 
 """
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -44,6 +46,7 @@ _MAX_BACKOFF = 2.0
 _MIN_BACKOFF = 0.01  # a background writer never spins on a failing level
 _LINGER = 0.005  # a writer waits this long for a batch to fill before writing a small one
 _WLOG = 64       # writes remembered for readers that overlapped them (``moved_since``)
+_WLOG_KEYS = 2048  # ... and at most this many of their keys (the log keeps evicted keys alive)
 
 
 class _Pending(dict):
@@ -105,11 +108,22 @@ class EvictionBuffer:
         for p in self.pending:
             p.pop(key, None)
 
-    def take(self, index: int, n: int) -> list[tuple[bytes, bytes]]:
+    def take(self, index: int, n: int, max_bytes: int | None = None) -> list[tuple[bytes, bytes]]:
+        """The ``n`` oldest entries for level ``index``, fewer when their encodings reach
+        ``max_bytes`` (always at least one)."""
         p = self.pending[index]
         out = []
-        for key in list(p)[:n]:
-            out.append((key, p.pop(key)))
+        total = 0
+        for key in list(itertools.islice(p, n)):
+            data = p.pop(key)
+            out.append((key, data))
+            total += len(data)
+            if max_bytes is not None and total >= max_bytes:
+                break
+        if not p and sys.getsizeof(p) > 4096:
+            # A dict keeps its table when emptied by pops: after a large flush drained, start
+            # a small one rather than keep room for the whole dirty set.
+            self.pending[index] = _Pending()
         return out
 
 
@@ -132,7 +146,10 @@ class WriteBack:
         self.stats = stats
         self.batch_size = batch_size
         self.buffer_max = buffer_max
-        self.buffer_bytes_max: int | None = None   # set by the manager from the heap budget
+        # Set by the manager from the heap budget: the bytes of encodings queued *and* being
+        # written (a batch taken from the buffer is still in memory until its write returns).
+        self.buffer_bytes_max: int | None = None
+        self.inflight_bytes = 0             # encodings taken by a write that has not returned
         self.retry_attempts = retry_attempts
         self.retry_backoff = retry_backoff
         self.writer_threads = writer_threads if self.levels else 0
@@ -142,7 +159,8 @@ class WriteBack:
         self.wseq = 0
         # (wseq at the start of a write, the keys it moves or None if unknown), oldest first;
         # writes that started before ``_wlog_floor`` were forgotten. Guarded by the lock.
-        self._wlog: deque[tuple[int, frozenset[bytes] | None]] = deque()
+        self._wlog: deque[tuple[int, tuple[bytes, ...] | None]] = deque()
+        self._wlog_keys = 0
         self._wlog_floor = 0
         self.error: BaseException | None = None  # the last background failure, if unresolved
         self._wake = threading.Event()
@@ -166,16 +184,30 @@ class WriteBack:
         if len(self.buffer) > self.buffer_max:
             return True
         limit = self.buffer_bytes_max
-        return limit is not None and len(self.buffer) > 1 and self.buffer.nbytes > limit
+        return (limit is not None and len(self.buffer) > 1
+                and self.buffer.nbytes + self.inflight_bytes > limit)
+
+    @property
+    def batch_bytes_max(self) -> int | None:
+        """Bytes of encodings one write takes at most (beyond its first entry): a quarter of
+        the buffer's bound, so a level client's copy of a batch stays small beside it."""
+        limit = self.buffer_bytes_max
+        return None if limit is None else max(1, limit // 4)
 
     def _log_write(self, keys: Iterable[bytes] | None) -> None:
         """Lock held, right after ``wseq`` became odd: the keys this write may move."""
         log = self._wlog
-        log.append((self.wseq, None if keys is None else frozenset(keys)))
-        if len(log) > _WLOG:
-            self._wlog_floor = log.popleft()[0] + 1
+        moved = None if keys is None else tuple(keys)
+        log.append((self.wseq, moved))
+        if moved:
+            self._wlog_keys += len(moved)
+        while len(log) > 1 and (len(log) > _WLOG or self._wlog_keys > _WLOG_KEYS):
+            start, old = log.popleft()
+            self._wlog_floor = start + 1
+            if old:
+                self._wlog_keys -= len(old)
 
-    def moved_since(self, seq: int) -> frozenset[bytes] | set[bytes] | None:
+    def moved_since(self, seq: int) -> set[bytes] | None:
         """Lock held: every key a write running at or started after ``wseq == seq`` may have
         moved between levels (or deleted), or None if that is not known."""
         if seq < self._wlog_floor:
@@ -204,6 +236,7 @@ class WriteBack:
     def reset_after_fork(self, lock: Any) -> None:
         self.lock = lock
         self.io_lock = threading.Lock()
+        self.inflight_bytes = 0   # a write the parent was running does not exist here
         self._wake = threading.Event()
         self._threads = []
         self._pid = 0
@@ -274,15 +307,19 @@ class WriteBack:
                               if self.buffer.pending[i]), None)
                 if index is None:
                     return 0
-                items = self.buffer.take(index, self.batch_size)
+                items = self.buffer.take(index, self.batch_size, self.batch_bytes_max)
+                count, taken = len(items), sum(len(v) for _, v in items)
+                self.inflight_bytes += taken
                 self.wseq += 1
                 self._log_write([k for k, _ in items] if self._exact(index) else None)
             try:
                 self._write(index, items)
             finally:
+                del items
                 with self.lock:
+                    self.inflight_bytes -= taken
                     self.wseq += 1
-            return len(items)
+            return count
 
     def _write(self, index: int, items: list[tuple[bytes, bytes]]) -> None:
         """Put ``items`` into level ``index`` and cascade its victims down; io_lock held.
