@@ -20,9 +20,11 @@ IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None), complex))
 _KEEP_RAW_MIN = 16 * 1024   # encodings at least this long are kept a while instead of hashed
 
 
-def digest(data: bytes) -> tuple[int, int]:
+def digest(data: bytes) -> int:
     # In-process only, so the salted built-in hash is fine and far cheaper than a crypto hash.
-    return len(data), hash(data)
+    # One int, not a (len, hash) tuple: it is kept for every clean heap entry (64-96 bytes less
+    # each, tests/test_reliability_memory.py); a 64-bit SipHash collision is as unlikely.
+    return hash(data)
 
 
 def same_bytes(stored: Any, raw: bytes) -> bool:
@@ -48,7 +50,7 @@ class Digests:
     __slots__ = ("_d", "_raw", "_raw_bytes", "budget")
 
     def __init__(self, budget: int) -> None:
-        self._d: dict[bytes, Any] = {}          # kb -> digest tuple or the kept bytes
+        self._d: dict[bytes, Any] = {}          # kb -> digest (an int) or the kept bytes
         self._raw: dict[bytes, bytes] = {}      # kept encodings, oldest first
         self._raw_bytes = 0
         self.budget = budget
@@ -60,7 +62,7 @@ class Digests:
             self._raw_bytes -= len(kept.pop(kb))
         n = len(raw)
         if n < _KEEP_RAW_MIN or n > self.budget or type(raw) is not bytes:
-            self._d[kb] = (n, hash(raw))   # digest(raw), inlined: once per key loaded
+            self._d[kb] = hash(raw)   # digest(raw), inlined: once per key loaded
             return
         self._d[kb] = raw
         kept[kb] = raw
@@ -71,7 +73,7 @@ class Digests:
             self._raw_bytes -= len(data)
             self._d[old] = digest(data)
 
-    def __setitem__(self, kb: bytes, value: tuple[int, int]) -> None:
+    def __setitem__(self, kb: bytes, value: int) -> None:
         if kb in self._raw:
             self._raw_bytes -= len(self._raw.pop(kb))
         self._d[kb] = value

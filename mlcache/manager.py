@@ -32,7 +32,7 @@ from .errors import CacheError, ConfigError, SerializationError
 from .keys import decode_key, namespace_prefix
 from .levels.heap import HeapLevel
 from .stats import Stats
-from .writeback import WriteBack
+from .writeback import _WLOG_KEYS, WriteBack
 
 __all__ = ["CacheManager", "Namespace", "register_structure"]
 
@@ -40,9 +40,19 @@ _MISSING = MISSING
 _IMMUTABLE = IMMUTABLE
 _SIMPLE_KEYS = frozenset((str, int, bytes))
 _READ_BATCH = 64
-# Measured per resident entry beside its value: key bytes, slots in the heap's data/weights
-# dicts and dirty set, the policy's node, the mutation digest (tests/test_reliability_memory).
-_ENTRY_OVERHEAD = 360
+# Bytes charged per resident entry beside its value, as allocated (the allocator's rounding
+# included): the canonical key's object (its bytes, twice, are charged by the heap), slots in
+# the heap's data and weights dicts and dirty set, the weight, the policy's node, the mutation
+# digest and the handed-out mark. The worst case measured over table fill levels (~645 bytes),
+# guarded by tests/test_reliability_memory.py::test_entry_overhead_covers_the_bookkeeping.
+_ENTRY_OVERHEAD = 680
+# The key memo, charged to the heap budget: one entry per _MEMO_SHARE bytes of it, at least
+# _MEMO_MIN, each costing about _MEMO_ENTRY (dict slot, the user key, its canonical bytes).
+_MEMO_SHARE = 16384
+_MEMO_MIN = 256
+_MEMO_ENTRY = 200
+# A key the write log keeps (writeback._WLOG_KEYS of them at most): often an evicted entry's.
+_LOGGED_KEY = 64
 
 _STRUCTURES: dict[str, Callable[..., Any]] = {}
 
@@ -79,9 +89,10 @@ class CacheManager(ReadPath, KeyView):
         super().__init__(namespace_prefix(config.namespace))
         heap_bytes = config.heap.max_bytes if config.heap is not None else None
         if heap_bytes is not None:
-            # Memory the heap budget must cover beside the values (tests/test_reliability_memory):
-            # the key memo is sized to a few percent of it.
-            self._memo_max = max(1024, min(self._memo_max, heap_bytes // 2048))
+            # The key memo is charged to the heap budget (below): about 1% of it, shared by
+            # the manager and its namespaces (see namespace()).
+            self._memo_max = max(_MEMO_MIN, min(self._memo_max, heap_bytes // _MEMO_SHARE))
+        self._memo_total = self._memo_max
         self.config = config
         self._lock = threading.RLock()
         self._codec = Codec(config.signing_key, config.allow_pickle)
@@ -114,12 +125,19 @@ class CacheManager(ReadPath, KeyView):
                              retry_attempts=config.retry_attempts,
                              retry_backoff=config.retry_backoff,
                              writer_threads=config.writer_threads)
+        # what mutation tracking remembers of clean entries' encodings (a few large ones kept
+        # as bytes for a while, so a get-change-put cycle never hashes them)
+        raw_keep = 2 << 20 if heap_bytes is None else min(32 << 20, heap_bytes // 64)
         if self._heap is not None and heap_bytes is not None:
+            # Dirty victims on their way down left the heap's accounting but not memory; the
+            # bound covers the entries queued and the batch being written.
+            self._wb.buffer_bytes_max = max(64 * 1024, min(64 << 20, heap_bytes // 32))
             if self._heap.policy.name != "dedup":
                 # (the record cache's max_bytes_buffering counts record bytes, as in KIP-63)
                 self._heap.entry_overhead = _ENTRY_OVERHEAD
-            # Dirty victims on their way down left the heap's accounting but not memory.
-            self._wb.buffer_bytes_max = max(64 * 1024, heap_bytes // 20)
+                # Everything else the manager keeps beside the entries, bounded in bytes and
+                # taken off the policy's capacity, so entries and all of it fit the budget.
+                self._heap.reserve(self._reserved_bytes(raw_keep))
         self._data: dict[bytes, Any] = self._heap.data if self._heap is not None else {}
         self._access = self._heap.policy.access if self._heap is not None else None
         # a policy ordering by event time (TAC) keeps a clock the lookahead operator advances
@@ -131,10 +149,7 @@ class CacheManager(ReadPath, KeyView):
         self._hits = 0
         self._reads: list[bytes] = []
         self._reads_ts: list[tuple[bytes, float]] = []
-        # what mutation tracking remembers of clean entries' encodings (a few large ones kept
-        # as bytes for a while, so a get-change-put cycle never hashes them)
-        budget = config.heap.max_bytes if config.heap is not None else None
-        self._digests = Digests(max(2 << 20, min(32 << 20, (budget or 0) // 8)))
+        self._digests = Digests(raw_keep)
         self._handed: set[bytes] = set()
         self._pin_errors: dict[bytes, SerializationError] = {}
         self._good_types: set[type] = set()
@@ -152,6 +167,14 @@ class CacheManager(ReadPath, KeyView):
             from .recordcache import RecordCache
 
             self._records = RecordCache(self, config.dedup)
+
+    def _reserved_bytes(self, raw_keep: int) -> int:
+        """Memory a bytes-bounded heap's budget covers beside its entries (each bounded):
+        the eviction buffer with the batch being written, a level client's copy of that
+        batch, the large encodings mutation tracking keeps, the key memos, the write log."""
+        buffer = self._wb.buffer_bytes_max or 0
+        return (buffer + buffer // 4 + raw_keep + self._memo_total * _MEMO_ENTRY
+                + _WLOG_KEYS * _LOGGED_KEY)
 
     # -- context manager / lifecycle ---------------------------------------------------------
 
@@ -496,16 +519,51 @@ class CacheManager(ReadPath, KeyView):
     # -- flush / checkpoint / close ----------------------------------------------------------
 
     def _stage_dirty(self, full_check: bool) -> None:
-        """Lock held: encode dirty and in-place-mutated entries into the eviction buffer."""
-        self._apply_reads()
+        """Encode dirty and in-place-mutated entries into the eviction buffer and write them.
+
+        In chunks: with a byte-bounded heap, encodings are staged until the buffer holds about
+        its byte bound, then written before the next chunk is encoded, so a flush never holds
+        the whole dirty set encoded beside the objects (a transient the budget cannot cover).
+        The caller drains what the last chunk staged. Entries changed between chunks are
+        taken as they are then (a newer put is simply staged, a deleted or evicted one skipped).
+        """
+        with self._lock:
+            self._check_open()
+            self._apply_reads()
+            heap = self._heap
+            if heap is None or not self._levels:
+                return  # heap only: there is nowhere to write to
+            dirty = [kb for kb in heap.dirty if kb not in heap.pinned]
+            check: list[bytes] = []
+            if self._track:
+                check = list(self._digests) if full_check else list(self._handed)
+                self._handed.clear()
+        limit = self._wb.buffer_bytes_max
+        i = j = 0
+        while True:
+            with self._lock:
+                self._check_open()
+                if i < len(dirty):
+                    i = self._stage_chunk(dirty, i, limit)
+                if i == len(dirty) and j < len(check):
+                    j = self._check_chunk(check, j, limit)
+                if i == len(dirty) and j == len(check):
+                    self._stage_unpinned()
+                    self._heap.compact()
+                    return
+            self._wb.drain_all()
+
+    def _stage_chunk(self, dirty: list[bytes], i: int, limit: int | None) -> int:
+        """Lock held: stage ``dirty[i:]`` until the buffer reaches ``limit``; the next index."""
         heap = self._heap
-        if heap is None or not self._levels:
-            return  # heap only: there is nowhere to write to
-        data, digests = heap.data, self._digests
-        has_levels = True
-        for kb in list(heap.dirty):
-            if kb in heap.pinned:
-                continue
+        assert heap is not None
+        data, digests, buffer = heap.data, self._digests, self._wb.buffer
+        n = len(dirty)
+        while i < n:
+            kb = dirty[i]
+            i += 1
+            if kb not in heap.dirty or kb in heap.pinned:
+                continue   # written, evicted or deleted since the flush began
             value = data[kb]
             try:
                 raw = self._codec.encode(value)
@@ -515,18 +573,25 @@ class CacheManager(ReadPath, KeyView):
                     f"{type(value).__name__} is not serializable ({exc})",
                     key=self._describe_key(kb), value_type=type(value))
                 continue
-            if not has_levels:
-                continue
             self._wb.enqueue(kb, raw)
             heap.dirty.discard(kb)
             if self._track and type(value) not in _IMMUTABLE:
                 digests.remember(kb, raw)
             self._stats.writeback["dirty_flushes"] += 1
-        if not self._track or not has_levels:
-            return
-        check = list(digests) if full_check else list(self._handed)
-        self._handed.clear()
-        for kb in check:
+            if limit is not None and buffer.nbytes >= limit:
+                break
+        return i
+
+    def _check_chunk(self, check: list[bytes], j: int, limit: int | None) -> int:
+        """Lock held: write clean entries changed in place (digest differs), from ``check[j:]``
+        until the buffer reaches ``limit``; the next index."""
+        heap = self._heap
+        assert heap is not None
+        data, digests, buffer = heap.data, self._digests, self._wb.buffer
+        n = len(check)
+        while j < n:
+            kb = check[j]
+            j += 1
             digest = digests.get(kb)
             if digest is None or kb in heap.dirty or kb not in data:
                 continue
@@ -544,7 +609,15 @@ class CacheManager(ReadPath, KeyView):
                 digests.remember(kb, raw)
                 self._wb.enqueue(kb, raw)
                 self._stats.writeback["mutations_detected"] += 1
-        # Pinned victims that became encodable leave the heap now.
+                if limit is not None and buffer.nbytes >= limit:
+                    break
+        return j
+
+    def _stage_unpinned(self) -> None:
+        """Lock held: pinned victims that became encodable leave the heap now."""
+        heap = self._heap
+        assert heap is not None
+        data = heap.data
         for kb in list(heap.pinned):
             value = data[kb]
             try:
@@ -565,9 +638,7 @@ class CacheManager(ReadPath, KeyView):
         """Write every dirty heap entry (and every delete) to the next level, and wait."""
         if self._records is not None:
             self._records.flush_all()   # forward the dirty set first (it stages its writes)
-        with self._lock:
-            self._check_open()
-            self._stage_dirty(full_check=False)
+        self._stage_dirty(full_check=False)
         self._wb.drain_all()
         self._raise_pinned()
 
@@ -575,9 +646,7 @@ class CacheManager(ReadPath, KeyView):
         """Make everything durable on the last level (the store of record)."""
         if self._records is not None:
             self._records.flush_all()
-        with self._lock:
-            self._check_open()
-            self._stage_dirty(full_check=True)
+        self._stage_dirty(full_check=True)
         self._wb.drain_all()
         self._raise_pinned()
         self._wb.copy_down()
@@ -678,7 +747,23 @@ class CacheManager(ReadPath, KeyView):
             ns = self._namespaces.get(name)
             if ns is None:
                 ns = self._namespaces[name] = Namespace(self, name)
+                self._share_memo()
             return ns
+
+    def _share_memo(self) -> None:
+        """Lock held: the key memos of the manager and its namespaces share one bound (each
+        view keeps at least _MEMO_MIN keys); a bytes-bounded heap is charged for the total."""
+        heap = self._heap
+        if heap is None or not heap.by_bytes or heap.entry_overhead == 0:
+            return
+        views = 1 + len(self._namespaces)
+        share = max(_MEMO_MIN, self._memo_total // views)
+        self._memo_max = share
+        for view in self._namespaces.values():
+            view._memo_max = share
+        if share * views > self._memo_total:
+            self._memo_total = share * views
+            self._handle_victims(heap.reserve(self._reserved_bytes(self._digests.budget)))
 
     def structure(self, kind: str, name: str, **kw: Any) -> Any:
         """The cacheable structure ``name`` of ``kind`` (created on first use, then reused)."""

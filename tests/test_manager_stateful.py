@@ -212,9 +212,11 @@ def test_heap_only():
 
 
 def test_heap_disk():
-    # both bounds on the heap (bytes drive the policy, the count is enforced too)
+    # both bounds on the heap (bytes drive the policy, the count is enforced too); 5000 bytes
+    # hold about three entries with the manager's per-entry charge and fixed reserve (a
+    # byte-bounded heap never goes below half its budget), as 1500 did with the old charge
     machine = make_machine(
-        lambda tmp, ns: CacheConfig(heap=_heap(max_bytes=1500), levels=(DiskConfig(path=tmp),),
+        lambda tmp, ns: CacheConfig(heap=_heap(max_bytes=5000), levels=(DiskConfig(path=tmp),),
                                     namespace=ns, write_batch_size=2),
         durable=True)
     run_state_machine_as_test(machine, settings=SETTINGS)

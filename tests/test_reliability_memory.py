@@ -2,13 +2,19 @@
 
 Measured in a fresh subprocess so nothing else in the test run pollutes it, twice:
 
-* with ``tracemalloc``: every Python allocation made after the warm-up (heap values, keys,
-  policy metadata, eviction buffer, key memo, ...), sampled during the whole run;
-* without it (tracemalloc's own bookkeeping would inflate the RSS): the process RSS growth over
-  a baseline taken after imports and warm-up, sampled during the whole run.
+* with ``tracemalloc``: every Python allocation made after the baseline (heap values, keys,
+  policy metadata and sketch, eviction buffer, write batches, key memo, flush's encodings, ...);
+  the figure is tracemalloc's own peak, the maximum over the whole run, not a sample;
+* without it (tracemalloc's own bookkeeping would inflate the RSS): the process's peak RSS
+  (``VmHWM``, reset at the baseline through ``/proc/self/clear_refs``, so it is the maximum over
+  the whole run, not a sample) minus the RSS at the baseline.
 
-The traced peak must stay within ``1.1 x heap.max_bytes``; the RSS peak is held to a looser
-bound for now (see ``_check``). The test prints both.
+The baseline is taken after imports and a warm-up that runs every code path once (put, flush
+through the writer thread to Redis, a miss loaded from Redis, delete): the interpreter, the
+libraries and the level client's fixed costs (connections, the writer thread) are not what is
+measured. The warm-up's records are small (a few KiB in all), so the baseline cannot absorb
+freed memory the run reuses (200 full-size records did: 8% of the budget). Both peaks must stay
+within ``1.1 x heap.max_bytes``; the test prints them.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RSS_BOUND = 1.75     # x budget; the goal is 1.1, see _check
+BOUND = 1.10     # x budget, for both peaks
 
 _SCRIPT = textwrap.dedent("""
     import array, gc, json, os, random, sys, tracemalloc
@@ -30,37 +36,48 @@ _SCRIPT = textwrap.dedent("""
 
     path, budget, factor, ops, trace = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
                                         int(sys.argv[4]), sys.argv[5] == "trace")
-    PAGE = os.sysconf("SC_PAGE_SIZE")
 
-    def rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * PAGE
+    def status(field: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+        raise KeyError(field)
 
-    def value(i: int, version: int):
+    def value(i: int, version: int, n: int = 160):
         # a typical state record: a dict with a series of floats, a string and a counter
         return {"id": i, "version": version, "name": f"entity-{i:08d}",
-                "series": [float(i + j) for j in range(160)], "tags": ("a", "b", i % 7)}
+                "series": [float(i + j) for j in range(n)], "tags": ("a", "b", i % 7)}
 
     cfg = CacheConfig(heap=HeapConfig(max_bytes=budget), namespace="mem",
                       levels=(RedisConfig(url=path, prefix="mem" + str(os.getpid())),))
     m = CacheManager(cfg)
-    # warm-up: every code path once (put, evict, write back, miss, load), then drop it all
-    # (small, so the baseline does not absorb memory the heap will use)
-    for i in range(200):
-        m.put(("warm", i), value(i, 0))
+    # warm-up: every code path once (put, write back, miss loaded from Redis, delete), then
+    # drop it all; small records, so the baseline does not hold freed memory the run reuses
+    warm = [("warm", i) for i in range(64)]
+    for i, k in enumerate(warm):
+        m.put(k, value(i, 0, 8))
     m.flush()
-    for i in range(200):
-        m.get(("warm", i))
-    m.delete_many(("warm", i) for i in range(200))
+    m.invalidate_local()
+    for k in warm:
+        m.get(k)
+    m.delete_many(warm)
     m.flush()
     m.invalidate_local()
     rng = random.Random(7)
     entry = estimate_size(value(1, 1))          # the state is factor x budget as objects
     keys = factor * budget // entry
     versions = array.array("l", bytes(8 * keys))   # the model, allocated before the baseline
-    peak_rss = peak_traced = 0
     gc.collect()
-    base_rss = rss()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                        # VmHWM := VmRSS: the peak starts here
+        exact = True
+    except OSError:
+        exact = False                           # sampled every 100 operations instead
+    base_rss = status("VmRSS:")
+    base_anon = status("RssAnon:")
+    peak_rss = peak_anon = 0
     if trace:
         tracemalloc.start()
     for step in range(ops):
@@ -72,22 +89,23 @@ _SCRIPT = textwrap.dedent("""
             got = m.get(k)
             assert got is None or got["version"] == versions[k], (k, got)
             del got
-        if step % 500 == 0:
+        if step % 100 == 0:
             if step % 20000 == 0:
                 m.flush()
-            peak_rss = max(peak_rss, rss() - base_rss)
-            if trace:
-                peak_traced = max(peak_traced, tracemalloc.get_traced_memory()[0])
+            peak_anon = max(peak_anon, status("RssAnon:") - base_anon)
+            if not exact:
+                peak_rss = max(peak_rss, status("VmRSS:") - base_rss)
     m.checkpoint()
-    peak_rss = max(peak_rss, rss() - base_rss)
+    traced_peak = tracemalloc.get_traced_memory()[1] if trace else 0
+    peak_rss = max(peak_rss, (status("VmHWM:") if exact else status("VmRSS:")) - base_rss)
     stats = m.stats()["levels"]
-    state = stats["redis"]["used_bytes"]
-    instant_peak = tracemalloc.get_traced_memory()[1] if trace else 0
-    print(json.dumps({"budget": budget, "keys": keys, "ops": ops,
-                      "peak_rss_growth": peak_rss, "peak_traced": peak_traced,
+    print(json.dumps({"budget": budget, "keys": keys, "ops": ops, "exact_rss_peak": exact,
+                      "peak_rss_growth": peak_rss, "peak_anon_growth_sampled": peak_anon,
+                      "peak_traced": traced_peak,
                       "heap_entries": stats["heap"]["entries"],
                       "heap_weight": stats["heap"].get("bytes"),
-                      "state_bytes_encoded": state, "instant_traced_peak": instant_peak,
+                      "heap_capacity": m._heap.capacity,
+                      "state_bytes_encoded": stats["redis"]["used_bytes"],
                       "state_bytes_as_objects": keys * entry}))
 """)
 
@@ -104,27 +122,21 @@ def _run(url, *, budget: int, factor: int, ops: int, trace: bool) -> dict:
 def _check(url, budget: int, ops: int) -> None:
     traced = _run(url, budget=budget, factor=10, ops=ops, trace=True)
     rss = _run(url, budget=budget, factor=10, ops=ops, trace=False)
-    print(f"\nheap budget {budget / 2**20:.1f} MiB, {traced['keys']} keys "
-          f"({traced['state_bytes_as_objects'] / 2**20:.1f} MiB as objects, "
-          f"{traced['state_bytes_encoded'] / 2**20:.1f} MiB encoded in Redis), {ops} ops: "
-          f"peak traced {traced['peak_traced'] / 2**20:.2f} MiB "
-          f"({traced['peak_traced'] / budget:.0%} of budget), "
-          f"peak RSS growth {rss['peak_rss_growth'] / 2**20:.2f} MiB "
-          f"({rss['peak_rss_growth'] / budget:.0%} of budget); tracemalloc's instantaneous "
-          f"peak {traced['instant_traced_peak'] / 2**20:.2f} MiB")
-    assert traced["peak_traced"] <= 1.1 * budget, traced
-    # The RSS target of budget + 10% is NOT met yet: measured 153% at 16 MiB. The heap itself is
-    # within 103% (above); the rest is flush()'s transient (it encodes the whole dirty set before
-    # writing it: tracemalloc's instantaneous peak is ~128%) and freed memory the allocator keeps.
-    # This bound guards against regressions until flush stages in chunks (docs/guarantees.md).
-    assert rss["peak_rss_growth"] <= RSS_BOUND * budget, rss
+    mib = 2 ** 20
+    print(f"\nheap budget {budget / mib:.1f} MiB, {traced['keys']} keys "
+          f"({traced['state_bytes_as_objects'] / mib:.1f} MiB as objects, "
+          f"{traced['state_bytes_encoded'] / mib:.1f} MiB encoded in Redis), {ops} ops, "
+          f"{rss['heap_entries']} entries resident: "
+          f"peak traced {traced['peak_traced'] / mib:.2f} MiB "
+          f"({traced['peak_traced'] / budget:.1%} of budget), "
+          f"peak RSS growth {rss['peak_rss_growth'] / mib:.2f} MiB "
+          f"({rss['peak_rss_growth'] / budget:.1%} of budget, "
+          f"{'exact' if rss['exact_rss_peak'] else 'sampled'}; anonymous memory "
+          f"{rss['peak_anon_growth_sampled'] / budget:.1%} sampled)")
+    assert traced["peak_traced"] <= BOUND * budget, traced
+    assert rss["peak_rss_growth"] <= BOUND * budget, rss
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open gap of the reliability issue: the heap's own weight stays within its budget, but the "
-    "process's traced peak measured 113-115% of it on a quiet machine (per-entry bookkeeping "
-    "outside the 360 B charge, the key memo, the eviction buffer and flush's encodings); the "
-    "target is 110%"))
 def test_heap_and_rss_stay_within_budget_with_10x_state(redis_url):
     _check(redis_url, budget=16 << 20, ops=40_000)
 
@@ -155,21 +167,137 @@ def test_loaded_container_is_weighed_as_objects_not_encoded_bytes(tmp_path):
         assert m._heap.weights[kb] >= estimate_size(_series(1)) > len(m._codec.encode(_series(1)))
 
 
-def test_key_memo_and_eviction_buffer_are_bounded_by_the_heap_budget(tmp_path):
+def test_key_memo_and_eviction_buffer_are_bounded_and_charged_to_the_heap_budget(tmp_path):
     from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+    from mlcache.manager import _MEMO_ENTRY, _MEMO_MIN
 
-    cfg = CacheConfig(heap=HeapConfig(max_bytes=2 << 20), levels=(DiskConfig(path=str(tmp_path)),),
+    budget = 2 << 20
+    cfg = CacheConfig(heap=HeapConfig(max_bytes=budget), levels=(DiskConfig(path=str(tmp_path)),),
                       writer_threads=1)
     with CacheManager(cfg) as m:
         ns = m.namespace("other")
         worst_buffer = 0
+        entry = len(m._codec.encode(_series(1)))
         for i in range(20_000):
             m.put(i, _series(i))
             ns.put(i, i)
-            worst_buffer = max(worst_buffer, m._wb.buffer.nbytes)
-        assert len(m._memo) <= m._memo_max == 1024 and len(ns._memo) <= 1024
-        # bytes waiting to be written stay near 5% of the budget (one batch may overshoot)
+            # queued plus being written (a batch taken by the writer is still in memory)
+            worst_buffer = max(worst_buffer, m._wb.buffer.nbytes + m._wb.inflight_bytes)
+        # the manager and its namespaces share one memo bound, charged to the budget
+        assert len(m._memo) <= m._memo_max and len(ns._memo) <= ns._memo_max == m._memo_max
+        assert m._memo_max + ns._memo_max <= max(m._memo_total, 2 * _MEMO_MIN)
         limit = m._wb.buffer_bytes_max
-        assert limit == max(64 * 1024, (2 << 20) // 20)
-        batch = m.config.write_batch_size * len(m._codec.encode(_series(1)))
-        assert worst_buffer <= limit + batch, (worst_buffer, limit)
+        assert limit == max(64 * 1024, budget // 32)
+        heap = m._heap
+        assert heap.reserved >= limit + m._memo_total * _MEMO_ENTRY
+        assert heap.capacity == budget - heap.reserved - heap.policy_bytes
+        assert heap.tracked_weight <= heap.capacity
+        # one put's victims may overshoot the bound before the put makes room
+        assert worst_buffer <= limit + 2 * entry, (worst_buffer, limit)
+
+
+def test_flush_stages_the_dirty_set_in_bounded_chunks(tmp_path):
+    """flush() used to encode every dirty entry into the buffer before writing any (a transient
+    of the whole dirty set's encodings, ~25% of the budget in the 10x run)."""
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+
+    cfg = CacheConfig(heap=HeapConfig(max_bytes=4 << 20), levels=(DiskConfig(path=str(tmp_path)),),
+                      writer_threads=1)
+    with CacheManager(cfg) as m:
+        for i in range(300):
+            m.put(i, _series(i))
+        assert len(m._heap.dirty) == 300
+        wb, worst = m._wb, [0]
+        drain = wb.drain_once
+
+        def watched() -> int:
+            worst[0] = max(worst[0], wb.buffer.nbytes + wb.inflight_bytes)
+            return drain()
+
+        wb.drain_once = watched  # type: ignore[method-assign]
+        m.flush()
+        entry = len(m._codec.encode(_series(1)))
+        assert not m._heap.dirty and len(wb.buffer) == 0
+        assert 0 < worst[0] <= wb.buffer_bytes_max + entry < 300 * entry
+        m.invalidate_local()
+        assert all(m.get(i) == _series(i) for i in range(300))
+
+
+def test_estimate_size_covers_what_the_allocator_hands_out():
+    """getsizeof counts requested bytes; pymalloc rounds each object up to 16 (a float's 24
+    bytes take 32) and malloc adds a header: the heap's weight must count what is allocated."""
+    import tracemalloc
+
+    from mlcache.levels.heap import _alloc, estimate_size
+
+    def make(i: int) -> dict:
+        return {"id": 10**6 + i, "name": f"entity-{i:08d}", "series": [float(i + j) for j in
+                range(160)], "tags": ("a", "b", 10**6 + i), "blob": bytes(700 + i % 9)}
+
+    n = 200
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        values = [make(i) for i in range(n)]
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    def allocated(snap) -> int:
+        return sum(_alloc(t.size) for t in snap.traces)
+
+    real = (allocated(after) - allocated(before)) / n
+    estimates = [estimate_size(v) for v in values]
+    assert min(estimates) >= real * 0.97, (min(estimates), real)
+    assert max(estimates) <= real * 1.15, (max(estimates), real)   # not wildly above either
+
+
+def _bookkeeping_per_entry(path: str, n: int) -> float:
+    """Bytes allocated per resident entry beside its value, worst shape: clean (written, so it
+    has a mutation digest), handed out by a get since the last flush, key memo missing (a second
+    copy of the canonical key), after a flush emptied the dirty set."""
+    import gc
+    import tracemalloc
+
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+    from mlcache.levels.heap import _alloc
+
+    def allocated() -> int:
+        return sum(_alloc(t.size) for t in tracemalloc.take_snapshot().traces)
+
+    cfg = CacheConfig(heap=HeapConfig(max_bytes=1 << 30), levels=(DiskConfig(path=path),))
+    with CacheManager(cfg) as m:
+        m._memo_max = 0          # every key encoded again: the worst case the charge covers
+        keys = list(range(10**6, 10**6 + n))
+        values = [[k] for k in keys]     # mutable, so tracked; allocated before the baseline
+        m.put(-1, [0])
+        m.flush()
+        m.get(-1)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = allocated()
+            for k, v in zip(keys, values):
+                m.put(k, v)
+            m.flush()
+            for k in keys:
+                m.get(k)
+            m.stats()   # replays the buffered hits
+            gc.collect()
+            grown = allocated() - before
+        finally:
+            tracemalloc.stop()
+        keylen = len(m._encode_key(keys[0]))
+    return grown / n - 2 * keylen   # the heap charges the key's bytes twice beside the constant
+
+
+def test_entry_overhead_covers_the_bookkeeping(tmp_path):
+    """The per-entry charge is calibrated: measured just past the resize points of the heap's
+    tables (where the bookkeeping per entry is largest), it covers every figure and is not
+    more than 15% above the worst (a stale charge would waste the budget)."""
+    from mlcache.manager import _ENTRY_OVERHEAD
+
+    figures = {n: _bookkeeping_per_entry(str(tmp_path / str(n)), n)
+               for n in (1370, 5470, 21860)}
+    worst = max(figures.values())
+    assert worst <= _ENTRY_OVERHEAD, figures
+    assert worst >= 0.85 * _ENTRY_OVERHEAD, figures

@@ -6,11 +6,14 @@ the byte levels all speak of an entry by the same name. Each entry has a dirty f
 entry is newer than every copy below and must be written back before it may leave; a clean one
 is dropped on eviction because an identical copy lives below.
 
-Weights: with ``max_bytes`` the policy is bounded in bytes and an entry weighs its encoded size
-when the caller knows it (a load, or a put that was encoded anyway), else :func:`estimate_size`,
-a cheap ``sys.getsizeof`` walk over a sample of the contents. With both bounds the policy counts
-bytes and the heap enforces the entry count by asking the policy for extra victims (a temporary
-``resize``), so one policy decides both.
+Weights: with ``max_bytes`` the policy is bounded in bytes of memory: an entry weighs
+:func:`estimate_size` of its value (a cheap walk over a sample of the contents that counts what
+the allocator really hands out, not ``sys.getsizeof``), never less than its encoded size when the
+caller knows it, plus ``entry_overhead`` for the bookkeeping around it. Memory the owner needs
+beside the entries (buffers, memos, the policy's own tables) is taken off the policy's capacity
+with :meth:`HeapLevel.reserve`, so the entries and that memory together stay within
+``max_bytes``. With both bounds the policy counts bytes and the heap enforces the entry count by
+asking the policy for extra victims (a temporary ``resize``), so one policy decides both.
 
 Pinned entries are victims that could not be encoded: they stay readable in the heap, outside
 the policy, until the value becomes encodable, is replaced or is deleted (the manager reports
@@ -18,6 +21,7 @@ them on the next flush).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Hashable, Iterator
 
@@ -30,12 +34,36 @@ _SAMPLE = 32
 _MAX_DEPTH = 3
 _SCALARS = (int, float, bool, str, bytes, type(None), complex)
 _FLAT = frozenset((bytes, str, bytearray, int, float, bool, type(None)))
+# Containers whose items live in a second allocation beside the object: getsizeof counts both,
+# the allocator rounds each (the object part is getsizeof of an empty one).
+_SPLIT = {t: sys.getsizeof(t()) for t in (list, dict, set, frozenset, bytearray)}
+_SHARED = (type(None), bool)   # singletons: a reference costs nothing
+
+
+def _alloc(n: int) -> int:
+    """Bytes the allocator really takes for a request of ``n`` (CPython on 64-bit Linux):
+    pymalloc rounds up to 16 up to 512 bytes (a float's 24 bytes take 32), malloc adds an
+    8-byte header and rounds to 16, mmap (large blocks) rounds to pages."""
+    if n <= 512:
+        return (n + 15) & -16
+    if n < 131072:
+        return (n + 23) & -16
+    return (n + 4111) & -4096
 
 
 def estimate_size(value: Any, _depth: int = 0) -> int:
-    """Approximate deep size in bytes; samples big containers and stops at a small depth."""
-    size = sys.getsizeof(value, 64)
+    """Approximate deep size in bytes as allocated (``sys.getsizeof`` of each object, rounded
+    the way the allocator rounds it); samples big containers and stops at a small depth.
+    Shared singletons (None, booleans, small ints) cost nothing."""
     t = type(value)
+    if t in _SHARED or (t is int and -5 <= value <= 256):
+        return 0
+    size = sys.getsizeof(value, 64)
+    split = _SPLIT.get(t)
+    if split is not None and size > split:
+        size = _alloc(split) + _alloc(size - split)
+    else:
+        size = _alloc(size)
     if t in _SCALARS or _depth >= _MAX_DEPTH:
         return size
     if t is dict:
@@ -84,9 +112,13 @@ class HeapLevel:
 
     name = "heap"
     shared = False
-    # Bytes charged per entry for the bookkeeping around the value (key object, dict slots,
-    # policy node, dirty flag); the manager sets it, a bare HeapLevel charges values only.
+    # Bytes charged per entry for the bookkeeping around the value (dict slots, policy node,
+    # dirty flag, ...) and, when set, twice the key's length; the manager sets it, a bare
+    # HeapLevel charges values only.
     entry_overhead = 0
+    # A bytes-bounded heap sizes a frequency sketch for one entry per this many bytes of
+    # budget; the policy grows it when more entries are resident (and the heap follows).
+    bytes_per_expected_entry = 16384
 
     def __init__(self, config: HeapConfig) -> None:
         self.config = config
@@ -98,6 +130,11 @@ class HeapLevel:
         capacity = config.max_bytes if self.by_bytes else config.max_entries
         assert capacity is not None
         self.capacity = capacity
+        if (self.by_bytes and "expected_entries" not in options
+                and "expected_entries" in inspect.signature(cls).parameters):
+            # Capacity in bytes says nothing of the entry count; a sketch sized as if every
+            # byte were an entry (up to 64K entries: 2.5 MiB) would cost more than it helps.
+            options["expected_entries"] = max(64, capacity // self.bytes_per_expected_entry)
         try:
             self.policy = cls(capacity, **options)
         except ConfigError:
@@ -109,6 +146,16 @@ class HeapLevel:
         self.weights: dict[bytes, int] = {}
         self.pinned: set[bytes] = set()
         self.tracked_weight = 0
+        # Memory charged to the budget beside the entries: the owner's (reserve()) and the
+        # policy's own tables (a frequency sketch), followed as the sketch grows.
+        self.reserved = 0
+        self._sketch = getattr(self.policy, "sketch", None) if self.by_bytes else None
+        if self._sketch is not None and not hasattr(self._sketch, "nbytes"):
+            self._sketch = None
+        self._sketch_bytes = self._sketch.nbytes if self._sketch is not None else 0
+        self._sketch_cap = self._sketch.capacity if self._sketch is not None else 0
+        if self._sketch_bytes:
+            self._apply_capacity()
 
     def __len__(self) -> int:
         return len(self.data)
@@ -133,6 +180,30 @@ class HeapLevel:
             size = estimate if size is None else max(size, estimate)
         return max(1, size + self.entry_overhead)
 
+    @property
+    def policy_bytes(self) -> int:
+        """Bytes of the policy's own tables charged to the budget (its frequency sketch)."""
+        return self._sketch_bytes
+
+    def reserve(self, nbytes: int) -> list[tuple[bytes, Any, bool]]:
+        """Charge ``nbytes`` of memory kept beside the entries (buffers, memos) to a
+        bytes-bounded heap: the policy's capacity becomes ``max_bytes`` minus it and the
+        policy's tables, never less than half of ``max_bytes``. Returns the victims."""
+        self.reserved = max(0, int(nbytes))
+        return self._apply_capacity()
+
+    def _apply_capacity(self) -> list[tuple[bytes, Any, bool]]:
+        if not self.by_bytes or self.max_bytes is None:
+            return []
+        sketch = self._sketch
+        if sketch is not None:
+            self._sketch_bytes, self._sketch_cap = sketch.nbytes, sketch.capacity
+        capacity = max(self.max_bytes // 2, self.max_bytes - self.reserved - self._sketch_bytes)
+        if capacity == self.capacity:
+            return []
+        self.capacity = capacity
+        return self._take(self.policy.resize(capacity))
+
     def insert(self, key: bytes, value: Any, *, dirty: bool, size: int | None = None,
                ts: float | None = None) -> list[tuple[bytes, Any, bool]]:
         """Insert or replace; return the victims as ``(key, value, was_dirty)``.
@@ -140,6 +211,8 @@ class HeapLevel:
         The victims may include ``key`` itself when the policy declines to admit it.
         """
         weight = self.weigh(value, size)
+        if self.entry_overhead:
+            weight += len(key) << 1   # the canonical key, a second copy when the memo missed
         data = self.data
         if weight > self.capacity:
             # Heavier than the whole heap: never admitted, and not worth flushing the heap for.
@@ -157,6 +230,9 @@ class HeapLevel:
         else:
             self.dirty.discard(key)
         victims = self._take(self.policy.insert(key, weight, ts))
+        sketch = self._sketch
+        if sketch is not None and sketch.capacity != self._sketch_cap:
+            victims.extend(self._apply_capacity())   # the policy grew its sketch
         if self.max_entries is not None and self.by_bytes:
             while len(data) - len(self.pinned) > self.max_entries:
                 extra = self.policy.resize(max(1, self.tracked_weight - 1))
@@ -207,6 +283,14 @@ class HeapLevel:
             self.data.pop(key, None)
             self.weights.pop(key, None)
             self.dirty.discard(key)
+
+    def compact(self) -> None:
+        """Give back the table of a dirty set a flush emptied (a set keeps its table when its
+        entries are discarded: room for every entry once dirty would stay allocated)."""
+        dirty = self.dirty
+        size = sys.getsizeof(dirty)
+        if size > 4096 and 128 * len(dirty) < size:   # under 1/8 full (16 bytes per slot)
+            self.dirty = set(dirty)
 
     def clear(self) -> None:
         for key in list(self.data):
