@@ -128,6 +128,7 @@ class CacheManager(ReadPath, KeyView):
         # what mutation tracking remembers of clean entries' encodings (a few large ones kept
         # as bytes for a while, so a get-change-put cycle never hashes them)
         raw_keep = 2 << 20 if heap_bytes is None else min(32 << 20, heap_bytes // 64)
+        self._prefetch_reserve = 0   # the prefetcher's staged reads, once it exists
         if self._heap is not None and heap_bytes is not None:
             # Dirty victims on their way down left the heap's accounting but not memory; the
             # bound covers the entries queued and the batch being written.
@@ -171,10 +172,17 @@ class CacheManager(ReadPath, KeyView):
     def _reserved_bytes(self, raw_keep: int) -> int:
         """Memory a bytes-bounded heap's budget covers beside its entries (each bounded):
         the eviction buffer with the batch being written, a level client's copy of that
-        batch, the large encodings mutation tracking keeps, the key memos, the write log."""
+        batch, the large encodings mutation tracking keeps, the key memos, the write log,
+        and once hints are used the prefetcher's staged reads."""
         buffer = self._wb.buffer_bytes_max or 0
         return (buffer + buffer // 4 + raw_keep + self._memo_total * _MEMO_ENTRY
-                + _WLOG_KEYS * _LOGGED_KEY)
+                + _WLOG_KEYS * _LOGGED_KEY + self._prefetch_reserve)
+
+    def _recharge(self) -> None:
+        """Lock held: take the current reserve off a bytes-bounded heap's capacity."""
+        heap = self._heap
+        if heap is not None and heap.by_bytes and heap.entry_overhead:
+            self._handle_victims(heap.reserve(self._reserved_bytes(self._digests.budget)))
 
     # -- context manager / lifecycle ---------------------------------------------------------
 
@@ -735,6 +743,9 @@ class CacheManager(ReadPath, KeyView):
                     self._prefetch_absent = True
                     return None
                 self._prefetcher = module.Prefetcher(self)
+                # its staged reads (raw bytes waiting to be installed) are bounded in bytes
+                self._prefetch_reserve = int(getattr(self._prefetcher, "staged_max_bytes", 0))
+                self._recharge()
                 self._prefetcher_pid = pid
             return self._prefetcher
 
@@ -763,7 +774,7 @@ class CacheManager(ReadPath, KeyView):
             view._memo_max = share
         if share * views > self._memo_total:
             self._memo_total = share * views
-            self._handle_victims(heap.reserve(self._reserved_bytes(self._digests.budget)))
+            self._recharge()
 
     def structure(self, kind: str, name: str, **kw: Any) -> Any:
         """The cacheable structure ``name`` of ``kind`` (created on first use, then reused)."""
