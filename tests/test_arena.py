@@ -492,3 +492,120 @@ def test_long_runs_and_long_entries_keep_the_invariants(max_bytes):
                 check_invariants(a)
                 assert all(a.get(k) == v for k, v in model.items())
         check_invariants(a)
+
+
+# -- lock-free reads under concurrent writers ----------------------------------------------------
+
+@pytest.mark.parametrize("max_bytes", [40 * KiB, 256 * KiB], ids=["evicting", "roomy"])
+def test_reads_without_the_lock_never_see_a_torn_or_foreign_value(max_bytes):
+    """Readers (no lock with LRU) race writers that overwrite in place, replace with other
+    sizes, append, delete and evict into the same blocks: every read is None or a whole value
+    that was written for that key."""
+    import sys
+    import threading
+
+    keys = [b"k%d" % i for i in range(6)]
+    a = small_arena(max_bytes)
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def value(key: bytes, version: int, reps: int) -> bytes:
+        return (b"%s:%d;" % (key, version)) * reps
+
+    def valid(key: bytes, got: bytes | None) -> bool:
+        if got is None:
+            return True
+        token = got[:got.index(b";") + 1]
+        return token.startswith(key + b":") and got == token * (len(got) // len(token))
+
+    def writer(seed: int) -> None:
+        import random
+
+        rng = random.Random(seed)
+        version = 0
+        mine = keys[seed::2]        # one writer per key: its get + append is not a race
+        while not stop.is_set():
+            key = rng.choice(mine)
+            version += 1
+            r = rng.random()
+            try:
+                if r < 0.5:
+                    a.put(key, value(key, version, rng.choice([1, 3, 9, 30, 31, 80])))
+                elif r < 0.7:
+                    got = a.get(key)
+                    if got is not None:
+                        token = got[:got.index(b";") + 1]
+                        a.append(key, token * rng.choice([1, 7]))
+                else:
+                    a.delete(key)
+            except KeyError:
+                pass            # appended to a key deleted or evicted meanwhile
+
+    def reader() -> None:
+        while not stop.is_set():
+            for key in keys:
+                if not valid(key, a.get(key)) or not valid(key, a.get_many([key])[0]):
+                    errors.append(key.decode())
+            both = a.get_many(keys[:2])
+            if not (valid(keys[0], both[0]) and valid(keys[1], both[1])):
+                errors.append("pair")
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)         # switch threads as often as the interpreter allows
+    try:
+        threads = [threading.Thread(target=writer, args=(s,)) for s in (0, 1)]
+        threads += [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        stop.wait(1.5)
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, f"torn or foreign reads: {errors[:10]}"
+    check_invariants(a)
+    a.close()
+
+
+def test_a_read_that_races_a_writer_reads_again_under_the_lock(monkeypatch):
+    """The window of a lock-free read, forced open: a writer runs between the reader's lookup
+    and its copy (the index's get calls it), reusing or overwriting the entry's blocks."""
+    from collections import OrderedDict
+
+    import mlcache.levels.arena as arena_module
+
+    between: list = []
+
+    class RacyIndex(OrderedDict):
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            if between:
+                between.pop()()          # the "other thread", right after the lookup
+            return found
+
+    monkeypatch.setattr(arena_module, "OrderedDict", RacyIndex)
+    a = small_arena()                    # 64-byte blocks, 7 data blocks per buffer
+    for key in (b"k", b"x", b"y"):
+        a.put(key, key * 100)            # 2 blocks each
+    a.put(b"z", b"z")                    # the buffer's last free block
+    k_last = a._index[b"k"] & _ADDR
+
+    def reuse():                         # delete k; its blocks are the only free ones
+        a.delete(b"k")
+        a.put(b"other", b"o" * 100)
+        assert a._index[b"other"] & _ADDR == k_last
+
+    between.append(reuse)
+    assert a.get(b"k") is None
+    a.put(b"k", b"c" * 100)
+
+    def overwrite():                     # same number of blocks: in place
+        a.put(b"k", b"d" * 90)
+
+    between.append(overwrite)
+    assert a.get_many([b"k"]) == [b"d" * 90]
+    between.append(lambda: a.put(b"k", b"e" * 100))
+    assert a.get(b"k") == b"e" * 100
+    check_invariants(a)
+    a.close()

@@ -42,10 +42,22 @@ not fit, the arena asks for victims by shrinking the policy's capacity to what m
 raises :class:`CapacityError` and changes nothing, and so does an entry larger than the whole
 arena anywhere.
 
-The hot paths (``put``, ``get``, ``get_many`` of one key, ``delete``) are written out in one
-function each for the common case -- a new key that fits without eviction in a free run, a
-contiguous entry -- and fall back to the general code otherwise (the per-op cost is Python
+The hot paths (``put``, ``get``, ``get_many`` of one key, ``delete``) are closures written out
+for the common case -- a new or same-size key that fits without eviction in a free run, a
+contiguous entry -- and fall back to the general methods otherwise (the per-op cost is Python
 work, so every call and attribute lookup shows; see docs/implementation/arena.md).
+
+Threads. Writers (put, append, delete, eviction, close) take the level's lock. With ``lru``,
+reads do not: they look the key up, copy the entry with one slice of the mmap, and keep the
+copy only if the index still holds the *same* ``packed`` int object afterwards; otherwise they
+read again under the lock. That is sound because (1) every change to an entry stores a new int
+object in the index, and the reader's reference keeps the old one from being reused; (2) an
+entry's bytes are only changed after it left the index (delete, eviction, replacement by new
+blocks) or after it was marked non-contiguous (an in-place overwrite), and appends only write
+past its current length; (3) a slice of the mmap and every index operation are single C calls
+under the GIL. Readers move keys to the end of the index, so code under the lock never iterates
+the index in Python: it copies what it needs in one C call (:meth:`_oldest`). Other policies
+are not thread-safe objects, so with them reads take the lock too.
 
 Reads copy exactly once, into the ``bytes`` the caller owns (``get_many``); :meth:`view` and
 :meth:`segments` are the zero-copy reads (read-only memoryviews, valid until the entry changes).
