@@ -13,7 +13,6 @@ _SIMPLE_KEYS = frozenset((str, int, bytes))
 _MEMO_MAX = 1 << 16
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1   # what msgpack packs as a plain int
 _packb = msgpack.packb
-_Ext = msgpack.ExtType
 
 
 def _flat(key: tuple) -> bool:
@@ -26,11 +25,27 @@ def _flat(key: tuple) -> bool:
     return True
 
 
+# msgpack ext headers for type _TUPLE by payload length: fixext 1/2/4/8/16, else ext 8/16/32
+_FIXEXT = {n: bytes((code, _TUPLE)) for n, code in ((1, 0xD4), (2, 0xD5), (4, 0xD6), (8, 0xD7),
+                                                     (16, 0xD8))}
+
+
 def _encode(key: Any, flat: bool) -> bytes:
-    """``keys.encode_key`` of a checked key; a flat tuple in two packb calls, byte for byte the
-    same (tests/test_keyview.py), instead of a packb with a ``default`` hook per part."""
+    """``keys.encode_key`` of a checked key; a flat tuple in one packb call and the ext header
+    written here, byte for byte the same (tests/test_keyview.py), instead of a packb with a
+    ``default`` hook per part (or a second packb of an ``ExtType``: half a cold miss's key cost)."""
     if flat:
-        return _packb(_Ext(_TUPLE, _packb(list(key), use_bin_type=True)), use_bin_type=True)
+        body = _packb(key, use_bin_type=True)   # a tuple packs as an array
+        n = len(body)
+        head = _FIXEXT.get(n)
+        if head is None:
+            if n < 0x100:
+                head = bytes((0xC7, n, _TUPLE))
+            elif n < 0x10000:
+                head = b"\xc8" + n.to_bytes(2, "big") + bytes((_TUPLE,))
+            else:
+                head = b"\xc9" + n.to_bytes(4, "big") + bytes((_TUPLE,))
+        return head + body
     return encode_key(_plain_key(key))
 
 

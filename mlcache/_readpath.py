@@ -18,6 +18,7 @@ __all__ = ["ReadPath", "MISSING", "IMMUTABLE", "Digests", "digest", "same_bytes"
 MISSING: Any = object()
 IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None), complex))
 _KEEP_RAW_MIN = 16 * 1024   # encodings at least this long are kept a while instead of hashed
+_KEEP_RAW_MAX = 64 << 20    # ... and up to this long even beyond the budget, if newest
 
 
 def digest(data: bytes) -> int:
@@ -42,8 +43,11 @@ class Digests:
     value), and it is wasted when the entry is written again before anyone compares: the usual
     get, change, put cycle. So a large encoding is first kept as it is (the bytes were just read
     or written; keeping them is free) and hashed only when it is pushed out of a small byte
-    budget, oldest first; a put or delete of the key drops it without hashing. Comparing a kept
-    encoding is a byte comparison, exact. Small encodings are hashed at once (it is cheap).
+    budget, oldest first; a put or delete of the key drops it without hashing. The newest one is
+    kept even when it alone exceeds the budget, up to ``_KEEP_RAW_MAX`` (a 1 MB value under a
+    small heap: hashing it at once cost 0.1-0.2 ms per miss, and the put that follows would
+    have dropped it). Comparing a kept encoding is a byte comparison, exact. Small encodings
+    are hashed at once (it is cheap).
     Lock held for every call (the manager's lock).
     """
 
@@ -61,13 +65,13 @@ class Digests:
         if kept and kb in kept:
             self._raw_bytes -= len(kept.pop(kb))
         n = len(raw)
-        if n < _KEEP_RAW_MIN or n > self.budget or type(raw) is not bytes:
+        if n < _KEEP_RAW_MIN or n > max(self.budget, _KEEP_RAW_MAX) or type(raw) is not bytes:
             self._d[kb] = hash(raw)   # digest(raw), inlined: once per key loaded
             return
         self._d[kb] = raw
         kept[kb] = raw
         self._raw_bytes += n
-        while self._raw_bytes > self.budget:
+        while self._raw_bytes > self.budget and len(kept) > 1:
             old = next(iter(kept))
             data = kept.pop(old)
             self._raw_bytes -= len(data)
@@ -200,13 +204,11 @@ class ReadPath:
                     self._read_lower(mine, out, ts, prefetch, seq)
                 finally:
                     with self._lock:
-                        if all(loading.get(kb) is load for kb in mine):
-                            for kb in mine:
-                                del loading[kb]
-                        else:
-                            for kb in mine:
-                                if loading.get(kb) is load:
-                                    del loading[kb]
+                        pop = loading.pop
+                        for kb in mine:
+                            other = pop(kb, load)
+                            if other is not load:   # another reader's marker: keep it
+                                loading[kb] = other
                     load.done.set()
             for w in waits:
                 w.done.wait()
@@ -227,9 +229,8 @@ class ReadPath:
         if seq is None:
             with self._lock:
                 seq = wb.wseq
-        origin: dict[bytes, str] = {}
-        found, timings = self._read_levels(keys, origin)
-        decoded = self._decode_all(found, origin)
+        found, timings = self._read_levels(keys)
+        decoded = self._decode_all(found)
         with self._lock:
             if wb.wseq == seq and seq % 2 == 0:
                 self._resolve(keys, found, decoded, timings, out, ts, prefetch)
@@ -247,7 +248,7 @@ class ReadPath:
         # Keys a write moved (or any key, when the write could not say which it moves): read
         # them again while no write can run.
         with wb.io_lock:
-            origin = {}
+            origin: dict[bytes, str] = {}
             found, timings = self._read_levels(keys, origin)
             decoded = self._decode_all(found, origin)
             with self._lock:
@@ -261,7 +262,9 @@ class ReadPath:
         timings = []
         remaining = keys
         pending = self._wb.buffer.pending
-        for i, level in enumerate(self._levels):
+        levels = self._levels
+        last = len(levels) - 1
+        for i, level in enumerate(levels):
             if not remaining:
                 break
             if i > 0 and pending[i]:
@@ -282,29 +285,37 @@ class ReadPath:
             t0 = time.perf_counter()
             values = level.get_many(remaining)
             elapsed = time.perf_counter() - t0
-            rest = []
-            for kb, raw in zip(remaining, values):
-                if raw is None:
-                    rest.append(kb)
-                else:
-                    found[kb] = raw
-                    if origin is not None:
-                        origin[kb] = self._level_names[i]
-            timings.append((self._level_names[i], elapsed, len(remaining) - len(rest), len(rest)))
-            remaining = rest
+            before = len(found)
+            # batch-level comprehensions, not a Python loop with a branch per key
+            hits = {kb: raw for kb, raw in zip(remaining, values) if raw is not None}
+            found.update(hits)
+            if origin is not None:
+                origin.update(dict.fromkeys(hits, self._level_names[i]))
+            n_hits = len(found) - before
+            n_rest = len(remaining) - n_hits
+            timings.append((self._level_names[i], elapsed, n_hits, n_rest))
+            if i < last and n_rest:
+                remaining = [kb for kb, raw in zip(remaining, values) if raw is None]
+            else:
+                remaining = []
         return found, timings
 
     def _decode_all(self, found: dict[bytes, bytes],
                     origin: dict[bytes, str] | None = None) -> dict[bytes, Any]:
+        try:
+            return dict(zip(found, self._codec.decode_many(list(found.values()))))
+        except CacheError:
+            pass
+        # Some bytes are bad: decode one by one to name the key and where its bytes live (read
+        # again, with the level recorded, only now), so the operator can inspect or delete them.
         decode = self._codec.decode
         out = {}
         for kb, raw in found.items():
             try:
                 out[kb] = decode(raw)
             except CacheError as exc:
-                # Name where the bad bytes live, so the operator can inspect or delete them.
                 key = self._describe_key(kb)
-                level = origin.get(kb) if origin is not None else None
+                level = origin.get(kb) if origin is not None else self._origin_of(kb)
                 where = f"{level} level" if level else "a lower level"
                 if type(exc) is IntegrityError:
                     raise IntegrityError(f"{where}, key {key!r}: {exc}", level=level,
@@ -312,6 +323,15 @@ class ReadPath:
                 exc.key, exc.level = key, level
                 raise
         return out
+
+    def _origin_of(self, kb: bytes) -> str | None:
+        """The level (or write-back buffer) ``kb`` is read from now; for error messages."""
+        origin: dict[bytes, str] = {}
+        try:
+            self._read_levels([kb], origin)
+        except Exception:
+            return None
+        return origin.get(kb)
 
     def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
                  timings: list[tuple], out: dict[bytes, Any], ts: float | None,
@@ -330,12 +350,13 @@ class ReadPath:
         tombstones = wb.tombstones
         queued = wb.buffer.pending[0] if wb.levels else None
         admit = self._admit
+        batch: list[tuple[bytes, Any, bytes]] = []
         for kb in keys:
             value = data.get(kb, MISSING)
             if value is not MISSING:          # written meanwhile: the newer value wins
                 out[kb] = value
                 continue
-            if kb in tombstones:               # deleted meanwhile
+            if tombstones and kb in tombstones:    # deleted meanwhile
                 continue
             if queued:
                 raw = queued.get(kb)
@@ -344,7 +365,41 @@ class ReadPath:
                     continue
             raw = found.get(kb)
             if raw is not None:
-                out[kb] = admit(kb, decoded[kb], raw, ts)
+                batch.append((kb, decoded[kb], raw))
+        if batch:
+            self._admit_many(batch, out, ts)
+
+    def _admit_many(self, items: list[tuple[bytes, Any, bytes]], out: dict[bytes, Any],
+                    ts: float | None) -> None:
+        """Lock held: :meth:`_admit` for a batch read from below (each into ``out``), with the
+        lookups bound once and the victims of the whole batch handled together."""
+        heap = self._heap
+        if heap is None:
+            for kb, value, _ in items:
+                out[kb] = value
+            return
+        insert = heap.insert
+        track = self._track
+        remember = self._digests.remember
+        immutable = IMMUTABLE
+        victims_all: list[tuple[bytes, Any, bool]] = []
+        for kb, value, raw in items:
+            if track and type(value) not in immutable:
+                remember(kb, raw)
+            victims = insert(kb, value, dirty=False, size=len(raw), ts=ts)
+            if victims:
+                if any(k == kb for k, _, _ in victims):
+                    # not admitted: just decoded, so unchanged; nothing to check or write
+                    self._digests.pop(kb, None)
+                    victims = [v for v in victims if v[0] != kb]
+                    self._stats.levels["heap"].evictions["not_admitted"] += 1
+                victims_all.extend(victims)
+            out[kb] = value
+        if track:
+            # before the victims: an entry of this batch evicted by a later one is forgotten
+            self._handed.update([kb for kb, _, _ in items])
+        if victims_all:
+            self._handle_victims(victims_all)
 
     def _admit(self, kb: bytes, value: Any, raw: bytes, ts: float | None) -> Any:
         """Lock held: insert a value read from below into the heap, clean."""

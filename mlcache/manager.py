@@ -47,10 +47,11 @@ _READ_BATCH = 64
 # guarded by tests/test_reliability_memory.py::test_entry_overhead_covers_the_bookkeeping.
 _ENTRY_OVERHEAD = 680
 # The key memo, charged to the heap budget: one entry per _MEMO_SHARE bytes of it, at least
-# _MEMO_MIN, each costing about _MEMO_ENTRY (dict slot, the user key, its canonical bytes).
+# _MEMO_MIN, each costing at most _MEMO_ENTRY (dict slot, the user key, its canonical bytes;
+# measured: 140 B for an int key, 170 for a short str, 220 for a (str, int) tuple).
 _MEMO_SHARE = 16384
 _MEMO_MIN = 256
-_MEMO_ENTRY = 200
+_MEMO_ENTRY = 232
 # A key the write log keeps (writeback._WLOG_KEYS of them at most): often an evicted entry's.
 _LOGGED_KEY = 64
 

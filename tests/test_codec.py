@@ -139,3 +139,25 @@ def test_truncated_and_corrupt_bytes_raise_integrity_error(value):
         Codec().decode(b"\x7f garbage")
     with pytest.raises(IntegrityError):
         Codec().decode(b"\x02 not a pickle")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(values, max_size=6))
+def test_decode_many_is_decode_of_each(batch):
+    for codec in (Codec(), Codec(signing_key=KEY)):
+        encoded = [codec.encode(v) for v in batch]
+        assert all(same(a, b) for a, b in zip(codec.decode_many(encoded), batch))
+        assert len(codec.decode_many(encoded)) == len(batch)
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x01", b"\x01\x92\x01", b"\x01\x01\x05", b"\x7f x",
+                                 b"\x02 not a pickle", b"\x81" + b"\x00" * 40])
+def test_decode_many_raises_what_decode_raises(bad):
+    codec = Codec()
+    good = codec.encode({"a": 1})
+    with pytest.raises(IntegrityError) as one:
+        codec.decode(bad)
+    with pytest.raises(IntegrityError) as many:
+        codec.decode_many([good, bad, good])
+    assert str(many.value) == str(one.value)
+

@@ -301,3 +301,32 @@ def test_entry_overhead_covers_the_bookkeeping(tmp_path):
     worst = max(figures.values())
     assert worst <= _ENTRY_OVERHEAD, figures
     assert worst >= 0.85 * _ENTRY_OVERHEAD, figures
+
+
+def test_memo_entry_charge_covers_a_composite_key():
+    """What the budget reserves per memoised key covers a memo entry of a (str, int) key: the
+    dict slot, the key tuple the memo keeps alive and the canonical bytes."""
+    import gc
+    import tracemalloc
+
+    from mlcache._keyview import KeyView
+    from mlcache.levels.heap import _alloc
+    from mlcache.manager import _MEMO_ENTRY
+
+    def allocated() -> int:
+        return sum(_alloc(t.size) for t in tracemalloc.take_snapshot().traces)
+
+    worst = 0.0
+    for n in (700, 1400, 2800):
+        view = KeyView(b"ns\x1f")
+        view._memo_max = n + 1
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = allocated()
+            for i in range(n):
+                view._kb(("user", 10**6 + i))
+            worst = max(worst, (allocated() - before) / n)
+        finally:
+            tracemalloc.stop()
+    assert worst <= _MEMO_ENTRY, worst
