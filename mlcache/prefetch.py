@@ -351,7 +351,10 @@ class Prefetcher:
             state = self._buffer.add(kb, ts, time.perf_counter())
             if state == "new":
                 self.counters["sent"] += 1
-                self._cond.notify()
+                if not self._thread_idle():
+                    # (waking a thread that will find nothing to take costs the record loop a
+                    # GIL hand-off per hint)
+                    self._cond.notify()
         if len(self._threads) < self.config.fetch_threads:
             self._ensure_threads()
         return "queued"
