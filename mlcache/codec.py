@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import cloudpickle
 import msgpack
 
+from ._malloc import note_size
 from .errors import IntegrityError, SerializationError
 
 __all__ = ["Codec", "MSGPACK", "PICKLE", "SIGNED"]
@@ -35,7 +36,7 @@ MSGPACK = 0x01
 PICKLE = 0x02
 SIGNED = 0x80
 _SIG_LEN = 32
-_LARGE = 256 * 1024   # encodings from this size on take the general decode path
+_LARGE = 256 * 1024   # encodings from this size on tell the allocator (mlcache._malloc)
 _MSGPACK_HEAD = bytes((MSGPACK,))
 
 # msgpack ext type codes
@@ -131,6 +132,8 @@ class Codec:
 
     def encode(self, value: Any) -> bytes:
         fmt, payload = self.dumps(value)
+        if len(payload) >= _LARGE:
+            note_size(len(payload))
         if self.signing_key is None:
             return bytes((fmt,)) + payload
         head = bytes((fmt | SIGNED,))
@@ -163,6 +166,8 @@ class Codec:
         if not data:
             raise IntegrityError("empty value bytes")
         head = data[0]
+        if len(data) >= _LARGE:
+            note_size(len(data))
         # A view, not a slice: a slice of a 1 MB value is a 1 MB copy the decoder copies again.
         view = memoryview(data)
         if head & SIGNED:

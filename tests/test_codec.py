@@ -161,3 +161,17 @@ def test_decode_many_raises_what_decode_raises(bad):
         codec.decode_many([good, bad, good])
     assert str(many.value) == str(one.value)
 
+
+def test_large_values_tune_the_allocator_once():
+    """A value from 256 KiB on raises glibc's thresholds for its size (mlcache._malloc), so a
+    cache moving such values reuses freed buffers; a no-op where it does not apply."""
+    from mlcache import _malloc
+
+    codec = Codec()
+    big = {"payload": b"\x00" * (3 << 20)}
+    assert same(codec.decode(codec.encode(big)), big)
+    if _malloc._mallopt is not None:
+        assert _malloc.tuned_for() >= 3 << 20
+    before = _malloc.tuned_for()
+    codec.decode(codec.encode({"small": 1}))
+    assert _malloc.tuned_for() == before
