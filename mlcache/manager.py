@@ -370,7 +370,10 @@ class CacheManager(ReadPath, KeyView):
                 f"cannot store key {key!r}: value of type {type(value).__name__} is not "
                 f"serializable ({exc})", key=key, value_type=type(value)) from exc
 
-    def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None) -> None:
+    def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None,
+                   weights: list[int] | None = None) -> None:
+        # ``weights``: per item, the value's memory in bytes as the caller maintains it (the
+        # quadtree's live nodes), so the heap does not walk the value to weigh it.
         # Check encodability once per value type (cheap amortised), so a SerializationError
         # names the key here rather than later on a writer thread. Values of a type seen to
         # encode before are checked again only when they leave the heap.
@@ -391,7 +394,7 @@ class CacheManager(ReadPath, KeyView):
             if self._reads or self._reads_ts:
                 self._apply_reads()
             wb = self._wb
-            for (key, kb, value), raw in zip(items, raws):
+            for i, ((key, kb, value), raw) in enumerate(zip(items, raws)):
                 wb.tombstones.discard(kb)
                 self._digests.pop(kb, None)
                 self._handed.discard(kb)
@@ -405,7 +408,8 @@ class CacheManager(ReadPath, KeyView):
                 if rc is not None:
                     rc.note_put(kb, pre)
                 victims = heap.insert(kb, value, dirty=True,
-                                      size=len(raw) if raw is not None else None, ts=ts)
+                                      size=len(raw) if raw is not None else None, ts=ts,
+                                      weight=None if weights is None else weights[i])
                 if victims:
                     self._handle_victims(victims, encoded)
             need_room = wb.needs_room()

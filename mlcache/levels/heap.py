@@ -205,12 +205,18 @@ class HeapLevel:
         return self._take(self.policy.resize(capacity))
 
     def insert(self, key: bytes, value: Any, *, dirty: bool, size: int | None = None,
-               ts: float | None = None) -> list[tuple[bytes, Any, bool]]:
+               ts: float | None = None, weight: int | None = None,
+               ) -> list[tuple[bytes, Any, bool]]:
         """Insert or replace; return the victims as ``(key, value, was_dirty)``.
 
         The victims may include ``key`` itself when the policy declines to admit it.
+        ``weight``: the value's memory in bytes as its owner keeps it (a structure that
+        maintains its nodes' sizes), used instead of weighing the value.
         """
-        weight = self.weigh(value, size)
+        if weight is None:
+            weight = self.weigh(value, size)
+        else:
+            weight = max(1, weight + self.entry_overhead) if self.by_bytes else 1
         if self.entry_overhead:
             weight += len(key) << 1   # the canonical key, a second copy when the memo missed
         data = self.data
