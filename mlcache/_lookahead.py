@@ -193,6 +193,8 @@ class Lookahead(Iterator[Any]):
         self._window_keys: dict[bytes, int] = {}   # distinct keys read ahead -> records
         self._index = 0
         self._pumped = 0      # records read when the operator last read a batch itself
+        batch = self._pf.config.batch_size if self._pf is not None else 1
+        self._every = max(1, min(self.depth // 2, batch))   # records between its batches
         self._warmup = self.depth + 1
         self._exhausted = False
         self.records = 0
@@ -251,13 +253,15 @@ class Lookahead(Iterator[Any]):
                     m._apply_reads()
             if pf._staged:
                 pf.install(_INSTALL_PER_RECORD)
-            if pf._buffer.pending:
+            pending = len(pf._buffer.pending)
+            if pending:
                 # a full batch, or whatever waits once a batch's worth of records (at most
                 # half the read-ahead) was read since the last batch: no key waits for its
                 # batch longer than that, whatever the depth
-                every = max(1, min(self.depth // 2, pf.config.batch_size))
+                every = self._every
                 due = self._index - self._pumped >= every
-                if pf.pump(q[0][1] if q else None, 1 if due else every):
+                if (due or pending >= every) and pf.pump(q[0][1] if q else None,
+                                                         1 if due else every):
                     self._pumped = self._index
         want = self.depth + 1
         while len(q) < want and not self._exhausted:
@@ -303,6 +307,7 @@ class Lookahead(Iterator[Any]):
                 ctl.limit(len(self._queue) * cap // held)
             self.depth = ctl.depth
             pf.depth = self.depth
+            self._every = max(1, min(self.depth // 2, pf.config.batch_size))
         return rec
 
     def _recover(self, kb: bytes, index: int) -> None:

@@ -320,15 +320,16 @@ class Prefetcher:
         counters = self.counters
         counters["hints"] += 1
         f = self._filter
-        hot = f is not None and f.hot(kb)
         if m._resident(kb):
-            if hot:
+            if f is not None and f.hot(kb):
                 counters["dropped_hot"] += 1
                 return "hot"
             counters["resident"] += 1
             if self._policy_hints:
                 m._policy_hint(kb, ts)
             return "resident"
+        if f is not None:
+            f.count(kb)     # popularity is learnt from every hint; the estimate is not needed
         return self._enqueue(kb, ts)
 
     def submit(self, kb: bytes, ts: float) -> str:
@@ -338,7 +339,7 @@ class Prefetcher:
         self.counters["hints"] += 1
         f = self._filter
         if f is not None:
-            f.hot(kb)      # count it: popularity is learnt from every hint
+            f.count(kb)    # popularity is learnt from every hint
         return self._enqueue(kb, ts)
 
     def _enqueue(self, kb: bytes, ts: float) -> str:
@@ -500,10 +501,12 @@ class Prefetcher:
                     loaded = m._load_into_heap(todo, None, prefetch=True)
                     if self._policy_hints and loaded:
                         # one hold of the manager's (re-entrant) lock for the whole batch
-                        with getattr(m, "_lock", None) or contextlib.nullcontext():
+                        with m._lock:
+                            m._apply_reads()
+                            hint, data = m._heap.policy.hint, m._data
                             for kb, ts, _ in batch:
-                                if kb in loaded:
-                                    m._policy_hint(kb, ts)
+                                if kb in loaded and kb in data:
+                                    hint(kb, ts)
             except BaseException as exc:  # a backend failure must not kill the fetch thread
                 error = exc
         now = time.perf_counter()
@@ -964,7 +967,19 @@ class HotKeyFilter:
         self._npending = 0
         self._lock = threading.Lock()
 
+    def count(self, kb: bytes) -> None:
+        """Count a hint without estimating (the key is not resident: it is fetched anyway)."""
+        h = hash(kb)
+        with self._lock:
+            pending = self._pending
+            pending[h] = pending.get(h, 0) + 1
+            self._npending += 1
+            if self._npending >= self.FLUSH:
+                self._pending, self._npending = {}, 0
+                self.sketch.increment_hashes(list(pending), list(pending.values()))
+
     def hot(self, kb: bytes) -> bool:
+        """Count a hint; whether the key's estimate exceeds the threshold."""
         h = hash(kb)
         with self._lock:
             c = self._pending.get(h, 0) + 1
