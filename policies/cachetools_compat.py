@@ -59,8 +59,7 @@ class _PolicyCache(cachetools.Cache):
         except KeyError:
             self._access(key)
             return value
-        counts = self._counts
-        counts[key] = counts.get(key, 0) + 1
+        self._logged(key)
         return value
 
     def _getitem_missing(self, key: Hashable) -> Any:
@@ -85,8 +84,7 @@ class _PolicyCache(cachetools.Cache):
         except KeyError:
             self._access(key)
             return value
-        counts = self._counts
-        counts[key] = counts.get(key, 0) + 1
+        self._logged(key)
         return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
@@ -182,7 +180,7 @@ class _PolicyCache(cachetools.Cache):
         # cache does it itself (one call less per hit). The dicts are never rebound.
         hot = getattr(policy, "_protected", None)
         self._hot = OrderedDict() if hot is None else hot
-        self._counts = getattr(policy, "_pending", {})
+        self._logged = getattr(policy, "_logged", None) or [].append
 
     def clear(self) -> None:
         self._data.clear()

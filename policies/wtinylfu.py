@@ -49,7 +49,7 @@ it takes to fit (each must lose). An entry heavier than the whole capacity is re
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Hashable, Iterator
 
 from mlcache.sketch import FrequencySketch
@@ -67,6 +67,20 @@ _LOST_WINDOW, _LOST_MAIN, _TIE = 1, 2, 4
 # expected gradient for a quarter of the bookkeeping on the miss path.
 _SAMPLE = 4
 _NOKEY = object()  # no cached victim (None is a valid key)
+# The hit log (see ``access``) is folded into the pending counts every _TICK misses; it keeps at
+# most _LOG_MAX hits (128 KiB of references at worst; a deque holds only what it is given), so
+# it only drops (the oldest) hits on protected keys when more than _LOG_MAX of them come within
+# _TICK misses: above a 99.6% hit ratio, on keys that are hot anyway (Caffeine's read buffer is
+# lossy the same way). The longest run seen in the published traces is ~4,400 (sprite@1000).
+_TICK = 64
+_LOG_MAX = 16384
+
+try:
+    from collections import _count_elements  # C: mapping[x] = mapping.get(x, 0) + 1 per x
+except ImportError:  # pragma: no cover - other interpreters
+    def _count_elements(mapping: dict, iterable: Any) -> None:
+        for x in iterable:
+            mapping[x] = mapping.get(x, 0) + 1
 
 
 @register_policy("wtinylfu")
@@ -110,15 +124,22 @@ class WTinyLFUPolicy(BasePolicy):
         self._tie = False
         self.sketch = FrequencySketch(max(16, entries), seed=seed)
         self._bind_sketch()
-        # Increments not yet applied to the sketch (exact, added to estimates). Never rebound:
-        # TinyLFUCache updates it on protected hits.
+        # Increments not yet applied to the sketch (exact, added to estimates).
         self._pending: dict[Hashable, int] = {}
+        # Hits on protected entries, in order, not yet counted in _pending: a hit appends (one
+        # C call) instead of a dict read-modify-write. Folded into _pending every _TICK misses
+        # and before any key leaves protected, so the keys it holds are all protected: never
+        # a candidate or a victim, whose counts stay exact. Never rebound (TinyLFUCache appends
+        # to it directly).
+        self._log: deque = deque(maxlen=_LOG_MAX)
+        self._logged = self._log.append
         # Misses between drains (pending then holds at most that many keys plus the resident
         # ones that were hit): large batches amortise numpy's fixed costs (in a full run a
         # drain of 1000 keys cost ~3x more per key than one of 4096), but at most a third of
         # a sample period: aging is applied at drains, and coarser aging costs hit ratio on
         # loops (loop@500: 49.2 with batches of a tenth, 46.5 a third, 45.9 a half).
-        self._countdown = self._drain_size()
+        self._drain_left = self._drain_size()  # misses to the next drain
+        self._countdown = self._tick_len = min(_TICK, self._drain_left)  # misses to _tick
         self._victim: Hashable = _NOKEY  # probation's head while cached, and its estimate
         self._victim_freq = 0
         self._bar = 0  # min(_victim_freq, _WARM): a candidate below it loses (see _miss)
@@ -159,12 +180,13 @@ class WTinyLFUPolicy(BasePolicy):
 
     def frequency(self, key: Hashable) -> int:
         """The sketch's estimate of ``key``'s recent use, including buffered increments."""
+        self._fold()
         return self._freq(key)
 
     # -- the Policy protocol -------------------------------------------------------------------
 
     def access(self, key: Hashable, ts: float | None = None) -> None:
-        try:  # most hits are on protected entries: one dict operation (in C) for them
+        try:  # most hits are on protected entries: two C calls for them
             self._protected.move_to_end(key)
         except KeyError:
             if key in self._probation:
@@ -173,8 +195,10 @@ class WTinyLFUPolicy(BasePolicy):
                 self._window.move_to_end(key)
             else:
                 return
-        pending = self._pending
-        pending[key] = pending.get(key, 0) + 1
+            pending = self._pending
+            pending[key] = pending.get(key, 0) + 1
+            return
+        self._logged(key)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
         if key in self._window or key in self._protected or key in self._probation:
@@ -186,10 +210,9 @@ class WTinyLFUPolicy(BasePolicy):
             pending = self._pending
             pending[key] = pending.get(key, 0) + 1
             countdown = self._countdown - 1  # a refused insert is a miss: it counts to a drain
-            if countdown:
-                self._countdown = countdown
-            else:
-                self._drain()
+            self._countdown = countdown
+            if not countdown:
+                self._tick()
             return [key]
         if weight != 1:
             self._unit = self._steady = False
@@ -197,6 +220,7 @@ class WTinyLFUPolicy(BasePolicy):
         return self._add(key, weight)
 
     def remove(self, key: Hashable) -> None:
+        self._fold()
         for seg in (self._window, self._probation, self._protected):
             w = seg.pop(key, None)
             if w is not None:
@@ -237,7 +261,7 @@ class WTinyLFUPolicy(BasePolicy):
         n = self._countdown - 1
         self._countdown = n
         if not n:
-            self._drain()
+            self._tick()
         victim = self._victim
         if victim is _NOKEY:
             victim = self._cache_victim()
@@ -327,10 +351,9 @@ class WTinyLFUPolicy(BasePolicy):
             if key in self._wghost or key in self._mghost:
                 self._adapt(key)
             countdown = self._countdown - 1
-            if countdown:
-                self._countdown = countdown
-            else:
-                self._drain()
+            self._countdown = countdown
+            if not countdown:
+                self._tick()
         self._window[key] = weight
         self._wsize += weight
         self.total_weight += weight
@@ -400,6 +423,7 @@ class WTinyLFUPolicy(BasePolicy):
 
     def _evict(self) -> list:
         """The general eviction: any weights, any window overflow, a shrinking main."""
+        self._fold()  # victims may come from protected
         victims: list = []
         window, prob, prot = self._window, self._probation, self._protected
         capacity = self.capacity
@@ -470,6 +494,7 @@ class WTinyLFUPolicy(BasePolicy):
         return []
 
     def _promote(self, key: Hashable) -> None:
+        self._fold()  # protected's LRU may be demoted: its logged hits must be counted
         w = self._probation.pop(key)
         if key == self._victim:
             self._victim = _NOKEY
@@ -484,13 +509,30 @@ class WTinyLFUPolicy(BasePolicy):
             prob[k] = kw
             self._psize += kw
 
+    def _fold(self) -> None:
+        """Count the logged protected hits into ``_pending``."""
+        log = self._log
+        if log:
+            _count_elements(self._pending, log)
+            log.clear()
+
+    def _tick(self) -> None:
+        """Every ``_TICK`` misses: fold the hit log; drain when ``_drain_size`` misses are due."""
+        self._fold()
+        left = self._drain_left - self._tick_len
+        if left <= 0:
+            self._drain()
+            left = self._drain_size()
+        self._drain_left = left
+        self._countdown = self._tick_len = min(_TICK, left)
+
     def _drain(self) -> None:
+        self._fold()
         pending = self._pending
         if pending:
             self.sketch.increment_counts(pending)
             pending.clear()
         self._victim = _NOKEY
-        self._countdown = self._drain_size()
         n = len(self)
         self._ghost_limit = max(4, int(n * self._ghost_frac) // _SAMPLE)
         if n > 2 * self.sketch.capacity:  # weighted: many more entries than expected
