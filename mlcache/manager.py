@@ -756,26 +756,33 @@ class CacheManager(ReadPath, KeyView):
 
     # -- namespaces and structures ------------------------------------------------------------
 
-    def namespace(self, name: str) -> "Namespace":
+    def namespace(self, name: str, *, memo: bool = True) -> "Namespace":
+        """A view with its own key space. ``memo=False`` (for a structure that makes its own
+        byte keys, like the quadtree's node ids) gives it no key memo, so it takes no share
+        of the memo's bound and no charge on the heap budget; the first call decides."""
         if not isinstance(name, str) or not name or "\x1f" in name:
             raise ConfigError("namespace", f"must be a non-empty string, got {name!r}")
         with self._lock:
             ns = self._namespaces.get(name)
             if ns is None:
                 ns = self._namespaces[name] = Namespace(self, name)
+                if not memo:
+                    ns._memo_max = 0   # _kb then keeps at most the key it just encoded
                 self._share_memo()
             return ns
 
     def _share_memo(self) -> None:
         """Lock held: the key memos of the manager and its namespaces share one bound (each
-        view keeps at least _MEMO_MIN keys); a bytes-bounded heap is charged for the total."""
+        view keeps at least _MEMO_MIN keys); a bytes-bounded heap is charged for the total.
+        Namespaces without a memo (``_memo_max == 0``) take no share."""
         heap = self._heap
         if heap is None or not heap.by_bytes or heap.entry_overhead == 0:
             return
-        views = 1 + len(self._namespaces)
+        memos = [view for view in self._namespaces.values() if view._memo_max]
+        views = 1 + len(memos)
         share = max(_MEMO_MIN, self._memo_total // views)
         self._memo_max = share
-        for view in self._namespaces.values():
+        for view in memos:
             view._memo_max = share
         if share * views > self._memo_total:
             self._memo_total = share * views

@@ -95,6 +95,9 @@ class Cacheable:
     """
 
     kind: ClassVar[str] = ""
+    # False for a structure that makes its contents' byte keys itself (the quadtree): its
+    # namespace then keeps no key memo, which would only take a share of the heap budget.
+    _memo_keys: ClassVar[bool] = True
     __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "__weakref__")
 
     def __init__(self, manager: Any, name: str | None = None, **options: Any) -> None:
@@ -128,7 +131,9 @@ class Cacheable:
             obj._manager = manager
             obj._name = name
             obj._metans = metans
-            obj._ns = manager.namespace(f"{cls.kind}:{name}")
+            ns_name = f"{cls.kind}:{name}"
+            obj._ns = (manager.namespace(ns_name) if cls._memo_keys
+                       else manager.namespace(ns_name, memo=False))
             if meta is None:
                 meta = obj._new_meta(**options)
                 meta["kind"] = cls.kind
