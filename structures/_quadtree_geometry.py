@@ -2,18 +2,50 @@
 from __future__ import annotations
 
 import math
+import sys
+from itertools import chain, filterfalse
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from mlcache.codec import Codec
+from mlcache.levels.heap import estimate_size
 
 __all__ = ["Point"]
 
-X0, Y0, X1, Y1, DEPTH, COUNT, KIDS, PTS, TMIN = range(9)
+X0, Y0, X1, Y1, DEPTH, COUNT, KIDS, PTS, TMIN, SIZE = range(10)
 ROOT = 0
-# A cacheable tree's node entry is one msgpack blob (types kept exactly, never pickled).
+# Point data must be plain data msgpack takes exactly (never pickled): checked with this codec
+# before a tree changes. It also reads nodes written as one msgpack blob by earlier versions.
 NODE_CODEC = Codec(allow_pickle=False)
 ANY: Any = object()
+
+# -- the memory a node takes, as the heap is charged for it ----------------------------------
+# Upper bounds of what CPython (64-bit) allocates for a node, with the allocator's rounding to
+# 16 bytes; checked against a walk over live and decoded nodes in
+# tests/test_structures_quadtree.py. A node: its 10-slot list (object 56 -> 64, items 80) and
+# eight scalars at 32 each (four bounds, depth, count, tmin, size, and the None in the unused
+# slot). An inner node adds its 4-slot children list (64 + 32) and the ids. A leaf adds its
+# point list's object (64), its item array's malloc header and rounding (24) and the slack of
+# list growth (64). Per point: 4 slots with growth slack (36), then the objects: a float or
+# None 32, a str by its length (see ``_datum``), anything else ``sys.getsizeof`` plus 15 for
+# the rounding, containers walked. Shared objects (None, small ints, interned strings) are
+# counted as if owned, so the bound errs high.
+_NODE = 64 + 80 + 9 * 32
+INNER_SIZE = _NODE + 64 + 32 + 4 * 32
+LEAF_SIZE = _NODE + 64 + 24 + 64
+SLOTS_PER_POINT = 36
+_ROUND = 15
+FLOAT_POINT = SLOTS_PER_POINT + 3 * 32   # a point but its data, when x, y and ts are floats
+# A str: an ASCII one is 49 bytes and its characters. Any other: up to 76 + 4 per character,
+# plus the UTF-8 copy CPython caches in it once it is encoded (an eviction does), up to 1 + 4
+# per character, and that buffer's rounding: 92 + 8 per character; computed from the length,
+# never from sys.getsizeof, so a string weighs the same before and after it was encoded.
+_ASCII, _WIDE, _WIDE_CHAR = 49 + _ROUND, 92 + _ROUND, 8
+_FLAT = frozenset((str, bytes, int, float, bool, type(None)))
+_FLOATS = frozenset((float, type(None)))
+_UNTRACKED = frozenset((bytes, int, float, bool, type(None)))
+_STR = {str}
+_getsizeof = sys.getsizeof
 
 
 class Point(NamedTuple):
@@ -78,3 +110,64 @@ def _quadtree_meta(bounds: Any, capacity: int, max_depth: int) -> dict[str, Any]
         raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
     return {"len": 0, "bounds": b, "capacity": capacity, "max_depth": max_depth,
             "next": 1, "nodes": 1}
+
+
+def _datum(d: Any) -> int:
+    """The bytes one point datum takes (see the constants above). Computed from lengths and
+    counts, never from ``sys.getsizeof`` of a container, whose tables depend on the object's
+    history (a list that shrank, a set decoded from its list), so a datum weighs the same in
+    the node that was built and in the one decoded from it."""
+    t = type(d)
+    if t is str:
+        return _ASCII + len(d) if d.isascii() else _WIDE + _WIDE_CHAR * len(d)
+    if t is float or d is None:
+        return 32
+    if t in _UNTRACKED:
+        return _getsizeof(d) + _ROUND
+    if t is tuple:
+        return 40 + 8 * len(d) + _ROUND + sum(map(_datum, d))
+    if t is list:                       # slack: up to twice its length after removals
+        return 64 + 8 * (2 * len(d) + 8) + 24 + sum(map(_datum, d))
+    if t is set or t is frozenset:      # a table of up to 8 slots of 16 bytes per element
+        return 232 + 128 * len(d) + 24 + sum(map(_datum, d))
+    if t is dict:
+        return 128 + 40 * (2 * len(d) + 8) + 24 + sum(_datum(k) + _datum(v)
+                                                       for k, v in d.items())
+    return estimate_size(d) + _ROUND
+
+
+def data_size(datas: list) -> int:
+    """The bytes the point data ``datas`` take, summed (see ``_datum``).
+
+    All strings (the usual batch) are summed from their lengths in C: a Python call per datum
+    would cost more than the rest of the insert's bookkeeping."""
+    if set(map(type, datas)) == _STR:
+        wide = list(filterfalse(str.isascii, datas))
+        return (_ASCII * len(datas) + sum(map(len, datas))
+                + (_WIDE - _ASCII) * len(wide) + (_WIDE_CHAR - 1) * sum(map(len, wide)))
+    return sum(map(_datum, datas))
+
+
+def float_points(recs: list) -> bool:
+    """Whether every ``[x, y, data, ts]`` record of ``recs`` has float coordinates and a float
+    (or no) time: such a point weighs ``FLOAT_POINT`` plus its data."""
+    flat = list(chain.from_iterable(recs))
+    return (set(map(type, flat[0::4])) | set(map(type, flat[1::4]))
+            | set(map(type, flat[3::4]))) <= _FLOATS
+
+
+def points_size(pts: list) -> int:
+    """Bytes taken by the points of a flat ``[x, y, data, ts, ...]`` list (not its header)."""
+    datas = pts[2::4]
+    size = SLOTS_PER_POINT * len(datas) + data_size(datas)
+    coords = pts[0::4] + pts[1::4] + pts[3::4]
+    if set(map(type, coords)) <= _FLOATS:
+        return size + 32 * len(coords)
+    return size + sum(map(_datum, coords))
+
+
+def node_size(node: list) -> int:
+    """The bytes ``node`` takes, computed from scratch (what ``node[SIZE]`` maintains)."""
+    if node[KIDS] is not None:
+        return INNER_SIZE
+    return LEAF_SIZE + points_size(node[PTS])

@@ -4,39 +4,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ._quadtree_geometry import _quadtree_meta
-from .quadtree import CacheableQuadtree, _QuadtreeOps
+from ._quadtree_geometry import NODE_CODEC, _quadtree_meta
+from .quadtree import _QuadtreeOps
 
 __all__ = ["PlainQuadtree"]
-
-
-class _DictNodes(dict):
-    """The node store of :class:`PlainQuadtree`: the namespace calls over a plain dict."""
-
-    def get_many(self, keys: Iterable[int]) -> dict[int, list]:
-        return {k: self[k] for k in keys if k in self}
-
-    def put(self, key: int, value: list) -> None:
-        self[key] = value
-
-    def put_many(self, items: Iterable[tuple[int, list]]) -> None:
-        self.update(items)
-
-    def delete_many(self, keys: Iterable[int]) -> None:
-        for k in keys:
-            self.pop(k, None)
 
 
 class PlainQuadtree(_QuadtreeOps):
     """The same quadtree with its nodes in a plain ``dict``: all state in the heap as live
     Python objects, no cache. The baseline the cacheable tree is measured against; with
-    ``packed=True`` each node is kept as the same msgpack blob the cacheable tree stores."""
+    ``packed=True`` each node is kept as a msgpack blob instead (packed on every change,
+    unpacked on every read), to show what that layout costs."""
 
     def __init__(self, bounds: Any, capacity: int = 32, max_depth: int = 16, *,
                  packed: bool = False) -> None:
         self._packed = packed
         self._meta = _quadtree_meta(bounds, capacity, max_depth)
-        self._ns = _DictNodes()
+        self._nodes_by_id: dict[int, Any] = {}
 
     def _save_meta(self) -> None:
         pass
@@ -48,25 +32,31 @@ class PlainQuadtree(_QuadtreeOps):
         return value
 
     def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        store = self._nodes_by_id
         if self._packed:
-            return CacheableQuadtree._nodes(self, ids)  # type: ignore[arg-type]
-        return self._ns.get_many(ids)
+            decode = NODE_CODEC.decode
+            return {k: decode(store[k]) for k in ids if k in store}
+        return {k: store[k] for k in ids if k in store}
 
     def _node(self, nid: int) -> list | None:
-        if self._packed:
-            return CacheableQuadtree._node(self, nid)  # type: ignore[arg-type]
-        return self._ns.get(nid)
+        node = self._nodes_by_id.get(nid)
+        return NODE_CODEC.decode(node) if self._packed and node is not None else node
 
-    def _keep(self, items: Iterable[tuple[int, list]]) -> None:
+    def _keep(self, items: list[tuple[int, list]]) -> None:
         if self._packed:
-            CacheableQuadtree._keep(self, items)  # type: ignore[arg-type]
+            encode = NODE_CODEC.encode
+            self._nodes_by_id.update((k, encode(node)) for k, node in items)
         else:
-            self._ns.put_many(items)
+            self._nodes_by_id.update(items)
+
+    def _forget(self, ids: list[int]) -> None:
+        for k in ids:
+            self._nodes_by_id.pop(k, None)
 
     @staticmethod
     def _check_data(values: list) -> None:
         pass
 
     def drop(self) -> None:
-        self._ns.clear()
+        self._nodes_by_id.clear()
         self._meta.update(len=0, nodes=1, next=1)

@@ -2,24 +2,32 @@
 
 A node is one entry, keyed by an integer id (the root is 0), holding a short list::
 
-    [x0, y0, x1, y1, depth, count, children, points, tmin]
+    [x0, y0, x1, y1, depth, count, children, points, tmin, size]
 
 ``children`` is ``None`` at a leaf, else the ids of the four quadrants (SW, SE, NW, NE);
 ``points`` is ``None`` inside, and at a leaf one flat list ``[x, y, data, ts, x, y, data, ts,
 ...]``; ``count`` is the number of points in the subtree, so density questions
 (``count(rect)``, ``grid_counts(depth)``) stop at the highest node that lies inside the region
 and never read its leaves; ``tmin`` is a lower bound of the subtree's timestamps, so
-``prune_older(t)`` skips subtrees with nothing to drop.
+``prune_older(t)`` skips subtrees with nothing to drop; ``size`` is the memory the node takes
+in bytes (see below).
 
-In the cache, a node entry is that list packed into one msgpack ``bytes`` blob, unpacked when
-read and packed when written back. Three reasons, measured on ``mlcache bench events``: the
-heap weighs a value it is handed by walking it, and a blob weighs in one step (walking nested
-lists took a third of the insert time); a blob's memory is its encoded size, so the heap's
-byte budget is what the process really spends; and a blob is one object the garbage collector
-never scans. Packing or unpacking a node of a few dozen points is one C call. Point ``data``
-must therefore be plain data msgpack can take (str, numbers, bytes, tuples, lists, dicts, sets,
-None, or a structure, stored as a reference); anything else raises ``SerializationError``
-before the tree changes.
+Nodes live in the heap as these very lists. An operation reads them (heap hits hand out the
+live objects), changes them and puts them back, which for a resident node is a dict write and a
+dirty mark; a node is encoded (msgpack) only when it leaves the heap, by eviction or a flush.
+An earlier version stored each node as a packed msgpack blob, so that the heap could weigh it
+in one step; it paid a pack per change and an unpack per read, hit or not (``mlcache bench
+events``: 1.56x the plain-object baseline at heap=30%, most of it in the codec). Weighing is
+what a live node would make costly instead: the heap walks a value it is handed. So the tree
+keeps ``size`` itself, an upper bound of the node's allocations (see ``_quadtree_geometry``),
+updated by the change that made it (an insert adds its points' sizes; a split, merge or prune
+recomputes the few nodes it rebuilds) and handed to the heap with the put.
+
+Point ``data`` must be plain data msgpack takes exactly (str, numbers, bytes, tuples, lists,
+dicts, sets, None, or a structure, stored as a reference); anything else raises
+``SerializationError`` before the tree changes. A change never leaves a half-changed node in
+the heap when a level fails: ``insert_many`` reads every node it will change before changing
+any, and ``remove`` and the prunes change copies of the nodes they read.
 
 A leaf splits when it holds more than ``capacity`` points, unless it is at ``max_depth``
 (identical points cannot be separated by splitting, so the depth limit is what keeps a burst of
@@ -28,41 +36,49 @@ points or fewer, by ``remove`` or a prune, merges its children back into one lea
 between the split and the merge thresholds keeps a node near the boundary from flapping.
 Bounds are closed: a point on the upper edge belongs to the tree and to the upper quadrant.
 
-Every operation reads nodes level by level with one ``get_many`` per level and writes the
-touched nodes with one ``put_many``, so a cold tree costs one round trip per level, not per
+Every operation reads nodes level by level with one batched read per level and writes the
+touched nodes with one batched put, so a cold tree costs one round trip per level, not per
 node. ``insert_many`` routes a whole batch down together: each node on the way is read and
 written once per batch instead of once per point, which is how a stream job should feed it.
 
 :class:`~mlcache.structures.PlainQuadtree` (in ``_quadtree_plain``) is the very same code over
-a plain ``dict`` of nodes, the all-in-heap baseline of ``mlcache bench events``.
+a plain ``dict`` of nodes, the all-in-heap baseline of ``mlcache bench events``; it keeps no
+sizes.
 """
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import Any
 
+import msgpack
+
 from ._quadtree_geometry import ANY as _ANY
-from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, TMIN, X0, X1, Y0, Y1, Point,
-                                 _check_bounds, _child_bounds, _min_of, _min_ts, _mindist2,
-                                 _quadrant, _quadtree_meta, _recs)
+from ._quadtree_geometry import (COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS, ROOT, SIZE,
+                                 TMIN, X0, X1, Y0, Y1, Point, _check_bounds, _child_bounds,
+                                 _min_of, _min_ts, _quadrant, _quadtree_meta, _recs, data_size,
+                                 float_points, node_size, points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
+from ._quadtree_query import _QuadtreeQueries
 from .base import Cacheable
 
 __all__ = ["CacheableQuadtree", "Point"]
 
 
-class _QuadtreeOps:
-    """The algorithms, written against ``self._ns`` (get/get_many/put/put_many/delete_many),
-    ``self._meta`` and ``self._save_meta()``; shared by the cacheable and the plain tree."""
+class _QuadtreeOps(_QuadtreeQueries):
+    """The algorithms, written against ``self._nodes``/``_node``/``_keep``/``_forget``,
+    ``self._meta`` and ``self._save_meta()``; shared by the cacheable and the plain tree.
+    ``_sized``: whether nodes keep their ``size`` (the plain tree has no heap to tell)."""
 
     __slots__ = ()
-    _ns: Any
+    _sized = False
     _meta: dict[str, Any]
     _save_meta: Callable[[], None]
     _store: Callable[[Any], Any]
     _load: Callable[[Any], Any]
     _check_data: Callable[[list], None]
+    _keep: Callable[[list], None]
+    _forget: Callable[[list], None]
 
     # -- shape -------------------------------------------------------------------------------
 
@@ -88,7 +104,7 @@ class _QuadtreeOps:
 
     def _root_node(self) -> list:
         x0, y0, x1, y1 = self._meta["bounds"]
-        return [x0, y0, x1, y1, 0, 0, None, [], None]
+        return [x0, y0, x1, y1, 0, 0, None, [], None, LEAF_SIZE if self._sized else 0]
 
     def _point(self, x: Any, y: Any, data: Any, ts: Any) -> list:
         x0, y0, x1, y1 = self._meta["bounds"]
@@ -97,8 +113,14 @@ class _QuadtreeOps:
                              f"({x0!r}, {y0!r}, {x1!r}, {y1!r})")
         return [x, y, self._store(data), ts]
 
-    def _as_point(self, rec: Any) -> Point:
-        return Point(rec[0], rec[1], self._load(rec[2]), rec[3])
+    @staticmethod
+    def _nests(datas: list) -> bool:
+        """Whether some of ``datas`` must go through ``_store`` (structures, as references)."""
+        return False
+
+    def _resize(self, node: list) -> None:
+        if self._sized:
+            node[SIZE] = node_size(node)
 
     # -- insert ------------------------------------------------------------------------------
 
@@ -110,37 +132,35 @@ class _QuadtreeOps:
         """Add ``(x, y)``, ``(x, y, data)`` or ``(x, y, data, ts)`` tuples; returns how many.
 
         All points are checked before anything is written, so a bad point changes nothing."""
+        bx0, by0, bx1, by1 = self._meta["bounds"]
         recs = []
         for p in points:
             n = len(p)
-            recs.append(self._point(p[0], p[1], p[2] if n > 2 else None, p[3] if n > 3 else None))
+            x, y = p[0], p[1]
+            if not (bx0 <= x <= bx1 and by0 <= y <= by1):
+                self._point(x, y, None, None)   # raises the ValueError naming the point
+            recs.append([x, y, p[2] if n > 2 else None, p[3] if n > 3 else None])
         if not recs:
             return 0
-        self._check_data([r[2] for r in recs])   # fails before any change
-        capacity, max_depth = self._meta["capacity"], self._meta["max_depth"]
-        touched: dict[int, list] = {}
+        datas = [r[2] for r in recs]
+        if self._nests(datas):
+            store = self._store
+            for r in recs:
+                r[2] = store(r[2])
+            datas = [r[2] for r in recs]
+        self._check_data(datas)   # fails before any change
+        # Route the batch down first, reading every node on the way (the only I/O), and
+        # change the nodes after: a level failing midway leaves them as they were.
+        route: list[tuple[int, list, list]] = []
         groups: dict[int, list] = {ROOT: recs}
         while groups:
             found = self._nodes(list(groups))
             deeper: dict[int, list] = {}
             for nid, batch in groups.items():
                 node = found.get(nid) or self._root_node()
-                touched[nid] = node
-                node[COUNT] += len(batch)
-                tmin = node[TMIN]
-                for rec in batch:
-                    if rec[3] is not None and (tmin is None or rec[3] < tmin):
-                        tmin = rec[3]
-                node[TMIN] = tmin
+                route.append((nid, node, batch))
                 kids = node[KIDS]
                 if kids is None:
-                    pts = node[PTS]
-                    for rec in batch:
-                        pts.extend(rec)
-                    if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
-                        self._split(node, pts, touched, capacity, max_depth)
-                    else:
-                        node[PTS] = pts
                     continue
                 mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
                 for rec in batch:
@@ -151,6 +171,31 @@ class _QuadtreeOps:
                     else:
                         sub.append(rec)
             groups = deeper
+        capacity, max_depth = self._meta["capacity"], self._meta["max_depth"]
+        sized = self._sized
+        # the common batch (float coordinates and times, flat data) is weighed per leaf by its
+        # data alone; see _quadtree_geometry.points_size
+        fast = sized and float_points(recs)
+        touched: dict[int, list] = {}
+        for nid, node, batch in route:
+            touched[nid] = node
+            node[COUNT] += len(batch)
+            tmin = node[TMIN]
+            for rec in batch:
+                if rec[3] is not None and (tmin is None or rec[3] < tmin):
+                    tmin = rec[3]
+            node[TMIN] = tmin
+            if node[KIDS] is not None:
+                continue
+            pts = node[PTS]
+            start = len(pts)
+            pts.extend(chain.from_iterable(batch))
+            if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
+                self._split(node, pts, touched, capacity, max_depth)
+            elif fast:
+                node[SIZE] += FLOAT_POINT * len(batch) + data_size(pts[start + 2::4])
+            elif sized:
+                node[SIZE] += points_size(pts[start:])
         self._keep(list(touched.items()))
         self._meta["len"] += len(recs)
         self._save_meta()
@@ -166,15 +211,22 @@ class _QuadtreeOps:
         for rec in _recs(pts):
             parts[_quadrant(node, rec[0], rec[1])].extend(rec)
         node[KIDS], node[PTS] = kids, None
+        sized = self._sized
+        if sized:
+            node[SIZE] = INNER_SIZE
         for q in range(4):
             part = parts[q]
-            child = [*_child_bounds(node, q), node[DEPTH] + 1, len(part) // 4, None, None,
-                     _min_of(part[3::4])]
+            cx0, cy0, cx1, cy1 = _child_bounds(node, q)
+            # a list display of its items: exactly 10 slots (a starred one over-allocates)
+            child = [cx0, cy0, cx1, cy1, node[DEPTH] + 1, len(part) // 4, None, None,
+                     _min_of(part[3::4]), 0]
             touched[kids[q]] = child
             if len(part) > 4 * capacity and child[DEPTH] < max_depth:
                 self._split(child, part, touched, capacity, max_depth)
             else:
                 child[PTS] = part
+                if sized:
+                    child[SIZE] = LEAF_SIZE + points_size(part)
 
     # -- remove and merge --------------------------------------------------------------------
 
@@ -199,10 +251,14 @@ class _QuadtreeOps:
         else:
             raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
         rec = pts[j:j + 4]
-        del pts[j:j + 4]
-        node[PTS] = pts
+        # change copies: merging below reads nodes, and a failed read must leave these as
+        # they were (the heap holds the originals)
+        path = [(pid, n[:]) for pid, n in path]
+        node = path[-1][1]
+        node[PTS] = pts[:j] + pts[j + 4:]
         for _, n in path:
             n[COUNT] -= 1
+        self._resize(node)
         touched: dict[int, list] = dict(path)
         gone: list[int] = []
         for pid, parent in reversed(path[:-1]):
@@ -213,7 +269,7 @@ class _QuadtreeOps:
             touched.pop(nid, None)
         self._keep(list(touched.items()))
         if gone:
-            self._ns.delete_many(gone)
+            self._forget(gone)
         self._meta["len"] -= 1
         self._save_meta()
         return self._as_point(rec)
@@ -222,7 +278,8 @@ class _QuadtreeOps:
         return int(self._meta["capacity"]) // 2
 
     def _collapse(self, node: list, touched: dict[int, list], gone: list[int]) -> None:
-        """Turn an inner node into a leaf holding all its subtree's points."""
+        """Turn an inner node (a copy the caller owns) into a leaf holding all its subtree's
+        points."""
         points: list = []
         tmin = None
         before = len(gone)
@@ -243,181 +300,7 @@ class _QuadtreeOps:
         self._meta["nodes"] -= len(gone) - before
         node[KIDS], node[PTS] = None, points
         node[COUNT], node[TMIN] = len(points) // 4, tmin
-
-    # -- queries -----------------------------------------------------------------------------
-
-    def _walk(self, visit: Callable[[list], bool]) -> None:
-        """Breadth-first over the nodes ``visit`` descends into (one get_many per level)."""
-        frontier = [ROOT]
-        while frontier:
-            found = self._nodes(frontier)
-            nxt: list[int] = []
-            for nid in frontier:
-                node = found.get(nid)
-                if node is not None and visit(node) and node[KIDS] is not None:
-                    nxt.extend(node[KIDS])
-            frontier = nxt
-
-    def range(self, x0: float, y0: float, x1: float, y1: float) -> list[Point]:
-        """Points with ``x0 <= x <= x1`` and ``y0 <= y <= y1``."""
-        out: list[Point] = []
-
-        def visit(node: list) -> bool:
-            if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
-                return False
-            if node[KIDS] is None:
-                out.extend(self._as_point(r) for r in _recs(node[PTS])
-                           if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
-            return True
-
-        self._walk(visit)
-        return out
-
-    def count(self, x0: float, y0: float, x1: float, y1: float) -> int:
-        """How many points ``range(x0, y0, x1, y1)`` would return, from the per-node counts."""
-        total = 0
-
-        def visit(node: list) -> bool:
-            nonlocal total
-            if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
-                return False
-            if x0 <= node[X0] and node[X1] <= x1 and y0 <= node[Y0] and node[Y1] <= y1:
-                total += node[COUNT]
-                return False
-            if node[KIDS] is None:
-                total += sum(1 for r in _recs(node[PTS])
-                             if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
-            return True
-
-        self._walk(visit)
-        return total
-
-    def radius(self, x: float, y: float, r: float) -> list[Point]:
-        """Points within distance ``r`` of ``(x, y)`` (``dx*dx + dy*dy <= r*r``)."""
-        r2 = r * r
-        out: list[Point] = []
-
-        def visit(node: list) -> bool:
-            if _mindist2(node, x, y) > r2:
-                return False
-            if node[KIDS] is None:
-                for rec in _recs(node[PTS]):
-                    dx, dy = rec[0] - x, rec[1] - y
-                    if dx * dx + dy * dy <= r2:
-                        out.append(self._as_point(rec))
-            return True
-
-        self._walk(visit)
-        return out
-
-    def nearest(self, x: float, y: float, k: int = 1) -> list[Point]:
-        """The ``k`` points closest to ``(x, y)``, nearest first (ties in any order)."""
-        if k <= 0:
-            return []
-        heap: list[tuple[float, int, int, Any]] = [(0.0, 0, 0, ROOT)]
-        seq = 1
-        out: list[Point] = []
-        while heap and len(out) < k:
-            d2, _, is_point, item = heapq.heappop(heap)
-            if is_point:
-                out.append(self._as_point(item))
-                continue
-            node = self._node(item)
-            if node is None:
-                continue
-            if node[KIDS] is None:
-                for rec in _recs(node[PTS]):
-                    dx, dy = rec[0] - x, rec[1] - y
-                    heapq.heappush(heap, (dx * dx + dy * dy, seq, 1, rec))
-                    seq += 1
-            else:
-                found = self._nodes(node[KIDS])
-                for kid in node[KIDS]:
-                    child = found[kid]
-                    if child[COUNT]:
-                        heapq.heappush(heap, (_mindist2(child, x, y), seq, 0, kid))
-                        seq += 1
-        return out
-
-    def grid_counts(self, depth: int, cells: Iterable[tuple[int, int]] | None = None,
-                    ) -> dict[tuple[int, int], int]:
-        """Points per cell of the ``2**depth`` x ``2**depth`` grid over the bounds, as
-        ``{(ix, iy): count}`` for non-empty cells; cell ``(ix, iy)`` is the quadrant reached
-        by ``depth`` halvings. Reads no node deeper than ``depth``; with ``cells``, only the
-        nodes on the way to those cells (a density lookup for a few regions)."""
-        bx0, by0, bx1, by1 = self._meta["bounds"]
-        out: dict[tuple[int, int], int] = {}
-        wanted: list[set] | None = None
-        if cells is not None:
-            wanted = [set() for _ in range(depth + 1)]
-            for cx, cy in cells:
-                for level in range(depth + 1):
-                    wanted[level].add((cx >> (depth - level), cy >> (depth - level)))
-
-        def visit(node: list) -> bool:
-            if node[COUNT] == 0:
-                return False
-            nd = node[DEPTH]
-            side = 1 << nd
-            ix = int(round((node[X0] - bx0) / (bx1 - bx0) * side))
-            iy = int(round((node[Y0] - by0) / (by1 - by0) * side))
-            if wanted is not None and (nd > depth or (ix, iy) not in wanted[nd]):
-                return False
-            if nd == depth:
-                out[(ix, iy)] = out.get((ix, iy), 0) + node[COUNT]
-                return False
-            if node[KIDS] is None:
-                for rec in _recs(node[PTS]):
-                    cx, cy = ix, iy
-                    x0, y0, x1, y1 = node[X0], node[Y0], node[X1], node[Y1]
-                    for _ in range(depth - nd):
-                        mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
-                        if rec[0] >= mx:
-                            cx, x0 = 2 * cx + 1, mx
-                        else:
-                            cx, x1 = 2 * cx, mx
-                        if rec[1] >= my:
-                            cy, y0 = 2 * cy + 1, my
-                        else:
-                            cy, y1 = 2 * cy, my
-                    if wanted is None or (cx, cy) in wanted[depth]:
-                        out[(cx, cy)] = out.get((cx, cy), 0) + 1
-                return False
-            return True
-
-        self._walk(visit)
-        return out
-
-    def cell_bounds(self, depth: int, ix: int, iy: int) -> tuple[float, float, float, float]:
-        """The rectangle of grid cell ``(ix, iy)`` at ``depth`` (as ``grid_counts`` uses)."""
-        x0, y0, x1, y1 = self._meta["bounds"]
-        for level in range(depth - 1, -1, -1):
-            mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
-            if (ix >> level) & 1:
-                x0 = mx
-            else:
-                x1 = mx
-            if (iy >> level) & 1:
-                y0 = my
-            else:
-                y1 = my
-        return x0, y0, x1, y1
-
-    def __iter__(self) -> Iterator[Point]:
-        leaves: list[list] = []
-
-        def visit(node: list) -> bool:
-            if node[KIDS] is None:
-                leaves.append(node)
-            return True
-
-        self._walk(visit)
-        for leaf in leaves:
-            for rec in _recs(leaf[PTS]):
-                yield self._as_point(rec)
-
-    def points(self) -> list[Point]:
-        return list(self)
+        self._resize(node)
 
     # -- prune -------------------------------------------------------------------------------
 
@@ -442,7 +325,7 @@ class _QuadtreeOps:
         if touched:
             self._keep(list(touched.items()))
         if gone:
-            self._ns.delete_many(gone)
+            self._forget(gone)
         if removed:
             self._meta["len"] -= removed
             self._save_meta()
@@ -450,6 +333,7 @@ class _QuadtreeOps:
 
     def _prune_node(self, nid: int, node: list, drop: Callable[[list], bool], t: float | None,
                     touched: dict[int, list], gone: list[int]) -> int:
+        """Prune the subtree of ``node``; a changed node goes to ``touched`` as a copy."""
         if node[COUNT] == 0 or (t is not None and (node[TMIN] is None or node[TMIN] >= t)):
             return 0
         if node[KIDS] is None:
@@ -457,8 +341,10 @@ class _QuadtreeOps:
             keep = [v for rec in _recs(pts) if not drop(rec) for v in rec]
             removed = (len(pts) - len(keep)) // 4
             if removed:
+                node = node[:]
                 node[PTS], node[COUNT], node[TMIN] = (keep, len(keep) // 4,
                                                       _min_of(keep[3::4]))
+                self._resize(node)
                 touched[nid] = node
             return removed
         kids = node[KIDS]
@@ -466,10 +352,10 @@ class _QuadtreeOps:
         removed = 0
         tmin = None
         for kid in kids:
-            child = found[kid]
-            removed += self._prune_node(kid, child, drop, t, touched, gone)
-            tmin = _min_ts(tmin, child[TMIN])
+            removed += self._prune_node(kid, found[kid], drop, t, touched, gone)
+            tmin = _min_ts(tmin, touched.get(kid, found[kid])[TMIN])
         if removed:
+            node = node[:]
             node[COUNT] -= removed
             node[TMIN] = tmin
             touched[nid] = node
@@ -488,38 +374,29 @@ class _QuadtreeOps:
             frontier = [k for nid in frontier if nid in found and found[nid][KIDS]
                         for k in found[nid][KIDS]]
         if ids:
-            self._ns.delete_many(ids)
+            self._forget(ids)
         self._meta.update(len=0, nodes=1, next=1)
         self._save_meta()
 
     def _empty_meta(self) -> dict[str, Any]:
         return {**self._meta, "len": 0, "nodes": 1, "next": 1}
 
-    def height(self) -> int:
-        """Depth of the deepest node."""
-        deepest = 0
-
-        def visit(node: list) -> bool:
-            nonlocal deepest
-            deepest = max(deepest, node[DEPTH])
-            return True
-
-        self._walk(visit)
-        return deepest
-
     def verify(self) -> int:
-        """Check every structural invariant (counts, bounds, timestamps, merge threshold);
-        raise ``AssertionError`` on the first violation; return the number of nodes."""
+        """Check every structural invariant (counts, bounds, timestamps, merge threshold,
+        sizes); raise ``AssertionError`` on the first violation; return the number of nodes."""
         nodes = 0
         total = 0
         merge_below = self._merge_below()
         if self._node(ROOT) is None:
             assert self._meta["len"] == 0 and self._meta["nodes"] == 1
             return 0
+        sized = self._sized
 
         def visit(node: list) -> bool:
             nonlocal nodes, total
             nodes += 1
+            if sized:
+                assert node[SIZE] == node_size(node), ("size", node[SIZE], node_size(node))
             if node[KIDS] is None:
                 pts = node[PTS]
                 assert 4 * node[COUNT] == len(pts), node
@@ -555,19 +432,48 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
 
     kind = "quadtree"
     __slots__ = ()
+    _sized = True
+    _memo_keys = False   # node keys come from _kbs
 
-    # A node entry is one msgpack blob: see the module docstring.
+    # The node store goes to the manager's batched primitives (the ones its Namespace calls)
+    # with byte keys made here: a Namespace call would build its own (key, bytes) pairs and
+    # result dict on every level of every operation, a put could not carry the size, and the
+    # manager's key memo is sized to the heap budget, a few hundred keys at 30% of this
+    # benchmark's state, so node keys would be encoded again on nearly every access.
+    def _kbs(self, ids: Iterable[int]) -> list[bytes]:
+        prefix = self._ns._prefix
+        table = _ID_KEYS
+        try:
+            return [prefix + table[nid] for nid in ids]
+        except IndexError:
+            return [prefix + _id_key(nid) for nid in ids]
+
     def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
-        decode = _NODE_CODEC.decode
-        return {k: decode(v) for k, v in self._ns.get_many(ids).items()}
+        ids = list(ids)
+        kbs = self._kbs(ids)
+        found = self._manager._load_into_heap(kbs)
+        out = {}
+        for nid, k in zip(ids, kbs):
+            node = found.get(k)
+            if node is not None:
+                out[nid] = node if type(node) is list else _upgrade(node)
+        return out
 
     def _node(self, nid: int) -> list | None:
-        blob = self._ns.get(nid)
-        return None if blob is None else _NODE_CODEC.decode(blob)
+        node = self._manager._get_kb(self._ns._prefix + _id_key(nid), None, None)
+        return node if node is None or type(node) is list else _upgrade(node)
 
-    def _keep(self, items: Iterable[tuple[int, list]]) -> None:
-        encode = _NODE_CODEC.encode
-        self._ns.put_many([(k, encode(node)) for k, node in items])
+    def _keep(self, items: list[tuple[int, list]]) -> None:
+        kbs = self._kbs([nid for nid, _ in items])
+        self._manager._put_items([(nid, kb, node) for (nid, node), kb in zip(items, kbs)],
+                                 None, [node[SIZE] for _, node in items])
+
+    def _forget(self, ids: Iterable[int]) -> None:
+        self._manager._delete_kbs(self._kbs(ids))
+
+    @staticmethod
+    def _nests(datas: list) -> bool:
+        return any(issubclass(t, Cacheable) for t in set(map(type, datas)))
 
     @staticmethod
     def _check_data(values: list) -> None:
@@ -588,10 +494,36 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
         # Node ids are handed out in order, so every node that ever existed is below
         # ``next``: delete them blindly rather than list the namespace, which scans every
         # level (a Redis SCAN over the whole key space) on each roll of a window.
-        self._ns.delete_many(list(range(int(self._meta.get("next", 1)))))
+        self._forget(range(int(self._meta.get("next", 1))))
         self._metans.delete((self.kind, self._name))
         self._meta = self._empty_meta()
 
     def __repr__(self) -> str:
         return (f"<CacheableQuadtree {self._name!r} len={self._meta.get('len', 0)} "
                 f"bounds={tuple(self._meta.get('bounds', ()))}>")
+
+
+# msgpack of the node ids 0, 1, 2, ...: a node's key is its tree's prefix and this (what
+# mlcache.keys.encode_key gives for an int), grown on demand up to _ID_TABLE_MAX ids.
+_ID_KEYS: list[bytes] = []
+_ID_TABLE_MAX = 1 << 16
+
+
+def _id_key(nid: int) -> bytes:
+    table = _ID_KEYS
+    if nid < len(table):
+        return table[nid]
+    if nid < _ID_TABLE_MAX:
+        table.extend(msgpack.packb(i) for i in range(len(table), min(_ID_TABLE_MAX,
+                                                                     2 * nid + 64)))
+        return table[nid]
+    return msgpack.packb(nid)
+
+
+def _upgrade(blob: Any) -> list:
+    """A node as an earlier version stored it (one msgpack blob of the first nine fields);
+    the next change of the node writes it back in the current form."""
+    node = _NODE_CODEC.decode(blob)
+    node.append(0)
+    node[SIZE] = node_size(node)
+    return node

@@ -8,13 +8,19 @@ step, and every query is compared with a scan of the model list.
 from __future__ import annotations
 
 import math
+import sys
+import tempfile
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (RuleBasedStateMachine, invariant, rule,
+                                 run_state_machine_as_test)
 
-from mlcache import CacheManager
+from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
 from mlcache.structures import CacheableList, CacheableSet, PlainQuadtree
+from mlcache.structures._quadtree_geometry import NODE_CODEC, SIZE
 
 from _structures_support import LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, tiny_config
 
@@ -213,3 +219,121 @@ def test_drop_deletes_every_node_and_the_tree_is_reusable(tmp_path):
         assert len(qt) == 0 and qt.range(0, 0, 64, 64) == [] and qt.verify() == 0
         qt.insert(1.0, 1.0, "again")
         assert [p.data for p in qt] == ["again"] and qt.verify() == 1
+
+
+# -- node sizes: what the heap is charged for a live node ------------------------------------
+
+def _alloc(n: int) -> int:
+    """Bytes CPython's allocators take for a request of ``n`` (pymalloc rounds small requests
+    to 16; malloc adds a header and rounds to 16; large blocks are mmapped pages)."""
+    if n <= 512:
+        return (n + 15) & -16
+    if n < 131072:
+        return (n + 23) & -16
+    return (n + 4111) & -4096
+
+
+def _deep_alloc(obj, seen: set) -> int:
+    """Every object reachable from ``obj`` as allocated (shared singletons counted too)."""
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if type(obj) in (list, dict, set):
+        empty = sys.getsizeof(type(obj)())
+        total = _alloc(empty) + (_alloc(size - empty) if size > empty else 0)
+    else:
+        total = _alloc(size)
+    if type(obj) in (list, tuple, set, frozenset):
+        total += sum(_deep_alloc(item, seen) for item in obj)
+    elif type(obj) is dict:
+        total += sum(_deep_alloc(k, seen) + _deep_alloc(v, seen) for k, v in obj.items())
+    return total
+
+
+def _node_entries(m, name):
+    ns = m.namespace(f"quadtree:{name}")
+    return {k: m._data[ns._kb(k)] for k in ns.keys() if ns._kb(k) in m._data}
+
+
+DATA = st.one_of(st.none(), st.integers(-10**30, 10**30), st.text(max_size=40),
+                 st.binary(max_size=30), st.tuples(st.text(max_size=8), st.integers()),
+                 st.dictionaries(st.text(max_size=5), st.lists(st.integers(), max_size=4),
+                                 max_size=3))
+SIZED_POINTS = st.tuples(st.one_of(st.floats(0, 64), st.integers(0, 64)),
+                         st.one_of(st.floats(0, 64), st.integers(0, 64)), DATA,
+                         st.one_of(st.none(), st.floats(0, 1e9), st.integers(0, 2**62)))
+
+
+@settings(max_examples=15, deadline=None)
+@given(batches=st.lists(st.lists(SIZED_POINTS, max_size=40), min_size=1, max_size=5))
+def test_node_size_bounds_the_memory_of_live_and_reloaded_nodes(batches, tmp_path_factory):
+    """``size`` (what the heap is charged) covers every object a node holds, as allocated,
+    both for the live nodes the tree built and for nodes decoded after a reopen; and it
+    stays within a small factor of it, so the budget is not wasted."""
+    config = replace(tiny_config("disk", str(tmp_path_factory.mktemp("d")), None),
+                     heap=HeapConfig(max_bytes=1 << 30, policy="lru"))
+    for reopen in (False, True):
+        with CacheManager(config) as m:
+            qt = m.quadtree("sized", BOUNDS, capacity=4, max_depth=6)
+            if not reopen:
+                for batch in batches:
+                    qt.insert_many(batch)
+            qt.verify()   # every node's size is the one computed from scratch
+            nodes = _node_entries(m, "sized")
+            assert nodes or not any(batches)
+            for node in nodes.values():
+                held = _deep_alloc(node, set())
+                assert held <= node[SIZE], (held, node[SIZE], node)
+                assert node[SIZE] <= 3 * held + 400, (held, node[SIZE])
+
+
+class ByteBudgetQuadtreeMachine(QuadtreeMachine):
+    """The quadtree machine over a heap bounded in bytes (a few nodes): the sizes the tree
+    hands to the heap decide every eviction."""
+
+    def __init__(self) -> None:
+        self.model = []
+        RuleBasedStateMachine.__init__(self)
+        self.dir = tempfile.mkdtemp(prefix="mlcache-struct-")
+        self.config = replace(tiny_config("disk", self.dir, None),
+                              heap=HeapConfig(max_bytes=12_000, policy="lru"))
+        self.m = CacheManager(self.config)
+        self.s = self.open_structure(self.m)
+
+
+def test_quadtree_matches_brute_force_on_a_byte_bounded_heap():
+    run_state_machine_as_test(ByteBudgetQuadtreeMachine, settings=MACHINE_SETTINGS)
+
+
+def test_a_node_stored_as_a_blob_by_an_earlier_version_is_read_and_rewritten(tmp_path):
+    config = tiny_config("disk", str(tmp_path / "d"), None)
+    with CacheManager(config) as m:
+        qt = m.quadtree("old", BOUNDS, capacity=4)
+        qt.insert_many([(1.0, 1.0, "a", 1.0), (50.0, 50.0, "b", 2.0)])
+        ns = m.namespace("quadtree:old")
+        root = ns.get(0)
+        ns.put(0, NODE_CODEC.encode(root[:SIZE]))   # the earlier layout: one msgpack blob
+    with CacheManager(config) as m:
+        qt = m.quadtree("old", BOUNDS)
+        assert sorted(p.data for p in qt) == ["a", "b"] and qt.verify() == 1
+        qt.insert(2.0, 2.0, "c", 3.0)
+        assert type(m.namespace("quadtree:old").get(0)) is list
+        assert qt.count(0, 0, 64, 64) == 3 and qt.verify() == 1
+
+
+def test_quadtree_namespaces_keep_no_key_memo_and_take_no_share_of_the_budget(tmp_path):
+    """Node keys are made by the tree, so its namespace keeps no memo: opening trees (the
+    event-detection application opens one per interval) does not take key-memo charges off
+    the heap's capacity."""
+    config = CacheConfig(heap=HeapConfig(max_bytes=4 << 20, policy="lru"),
+                         levels=(DiskConfig(path=str(tmp_path / "d")),))
+    with CacheManager(config) as m:
+        m.quadtree("first", BOUNDS).insert(1.0, 1.0)
+        capacity, memo_total = m._heap.capacity, m._memo_total
+        for i in range(40):
+            qt = m.quadtree(f"t{i}", BOUNDS, capacity=2)
+            qt.insert_many([(float(j % 64), float(j * 7 % 64), j) for j in range(20)])
+            assert qt.verify() > 1
+        assert (m._heap.capacity, m._memo_total) == (capacity, memo_total)
+        assert m.namespace("quadtree:t3")._memo_max == 0

@@ -407,24 +407,28 @@ def run(args: argparse.Namespace) -> BenchReport:
                           hit_ratio="-" if hr is None else round(hr, 4), events=len(ev),
                           planted_found=f"{len(match_planted(ev, planted))}/{len(planted)}")
 
-        # memory pass (untimed, tracemalloc), sampled after every interval. Plain trees: the
-        # nodes allocated by the tree code. Cacheable trees: every node the process holds is
-        # a blob made by the codec (packed by the tree or decoded on a load) and sits in the
-        # heap level or, encoded, in the eviction buffer; so codec allocations alive are the
-        # heap's memory (an upper bound: the eviction buffer is counted too).
+        # memory pass (untimed, tracemalloc), sampled after every interval: what is alive
+        # of the allocations made where node memory comes from -- the tree code (node and
+        # point lists, bounds, counts), the codec (nodes decoded on a load, and encoded ones
+        # in the eviction buffer, so an upper bound) and this module (each point's hashtag).
+        # Query results (the density dicts the detector keeps) come from the query module
+        # and are not counted; the points' coordinates are the input stream's floats, made
+        # before tracing, so they are not counted either, though the node sizes charge them.
+        node_files = ("structures/quadtree.py", "structures/_quadtree_geometry.py",
+                      "mlcache/codec.py", "mlcache/bench/events.py")
         over: dict[int, float] = {}
         tracemalloc.start()
         try:
             plain_peak = [0]
-            base = _traced("structures/quadtree.py")
+            base = _traced(*node_files)
             _detect(stream, plain_tree, history, lambda t: plain_peak.__setitem__(
-                0, max(plain_peak[0], _traced("structures/quadtree.py") - base)))
+                0, max(plain_peak[0], _traced(*node_files) - base)))
             report.note(f"state as plain objects (tracemalloc): {plain_peak[0] / 2**20:.2f} MiB")
             for pct in (30, 10):
                 mem = [0]
-                base = _traced("mlcache/codec.py")
+                base = _traced(*node_files)
                 mlcache_run(budgets[pct], lambda m: mem.__setitem__(
-                    0, max(mem[0], _traced("mlcache/codec.py") - base)))
+                    0, max(mem[0], _traced(*node_files) - base)))
                 over[pct] = mem[0] / budgets[pct]
                 report.note(f"heap={pct}%: budget {budgets[pct] / 2**20:.3f} MiB, heap memory "
                             f"(tracemalloc) peaks at {mem[0] / 2**20:.3f} MiB")

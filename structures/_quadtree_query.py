@@ -1,0 +1,217 @@
+"""The read-only side of the quadtree: range, count, radius, k-nearest and density queries.
+
+Kept apart from the operations that change a tree (:mod:`.quadtree`). Every query walks the
+tree breadth-first with one ``_nodes`` (a ``get_many``) per level, so a cold tree costs one
+round trip per level, and stops at nodes its region does not need: ``count`` and
+``grid_counts`` read the per-node counts of the highest nodes inside the region and never their
+leaves.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, X0, X1, Y0, Y1, Point, _mindist2,
+                                 _recs)
+
+__all__: list[str] = []
+
+
+class _QuadtreeQueries:
+    """Queries over ``self._nodes`` / ``self._node`` and ``self._meta``."""
+
+    __slots__ = ()
+    _meta: dict[str, Any]
+    _nodes: Callable[[Iterable[int]], dict[int, list]]
+    _node: Callable[[int], "list | None"]
+    _load: Callable[[Any], Any]
+
+    def _as_point(self, rec: Any) -> Point:
+        return Point(rec[0], rec[1], self._load(rec[2]), rec[3])
+
+    def _walk(self, visit: Callable[[list], bool]) -> None:
+        """Breadth-first over the nodes ``visit`` descends into (one get_many per level)."""
+        frontier = [ROOT]
+        while frontier:
+            found = self._nodes(frontier)
+            nxt: list[int] = []
+            for nid in frontier:
+                node = found.get(nid)
+                if node is not None and visit(node) and node[KIDS] is not None:
+                    nxt.extend(node[KIDS])
+            frontier = nxt
+
+    def range(self, x0: float, y0: float, x1: float, y1: float) -> list[Point]:
+        """Points with ``x0 <= x <= x1`` and ``y0 <= y <= y1``."""
+        out: list[Point] = []
+
+        def visit(node: list) -> bool:
+            if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
+                return False
+            if node[KIDS] is None:
+                out.extend(self._as_point(r) for r in _recs(node[PTS])
+                           if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+            return True
+
+        self._walk(visit)
+        return out
+
+    def count(self, x0: float, y0: float, x1: float, y1: float) -> int:
+        """How many points ``range(x0, y0, x1, y1)`` would return, from the per-node counts."""
+        total = 0
+
+        def visit(node: list) -> bool:
+            nonlocal total
+            if node[X0] > x1 or node[X1] < x0 or node[Y0] > y1 or node[Y1] < y0:
+                return False
+            if x0 <= node[X0] and node[X1] <= x1 and y0 <= node[Y0] and node[Y1] <= y1:
+                total += node[COUNT]
+                return False
+            if node[KIDS] is None:
+                total += sum(1 for r in _recs(node[PTS])
+                             if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+            return True
+
+        self._walk(visit)
+        return total
+
+    def radius(self, x: float, y: float, r: float) -> list[Point]:
+        """Points within distance ``r`` of ``(x, y)`` (``dx*dx + dy*dy <= r*r``)."""
+        r2 = r * r
+        out: list[Point] = []
+
+        def visit(node: list) -> bool:
+            if _mindist2(node, x, y) > r2:
+                return False
+            if node[KIDS] is None:
+                for rec in _recs(node[PTS]):
+                    dx, dy = rec[0] - x, rec[1] - y
+                    if dx * dx + dy * dy <= r2:
+                        out.append(self._as_point(rec))
+            return True
+
+        self._walk(visit)
+        return out
+
+    def nearest(self, x: float, y: float, k: int = 1) -> list[Point]:
+        """The ``k`` points closest to ``(x, y)``, nearest first (ties in any order)."""
+        if k <= 0:
+            return []
+        heap: list[tuple[float, int, int, Any]] = [(0.0, 0, 0, ROOT)]
+        seq = 1
+        out: list[Point] = []
+        while heap and len(out) < k:
+            d2, _, is_point, item = heapq.heappop(heap)
+            if is_point:
+                out.append(self._as_point(item))
+                continue
+            node = self._node(item)
+            if node is None:
+                continue
+            if node[KIDS] is None:
+                for rec in _recs(node[PTS]):
+                    dx, dy = rec[0] - x, rec[1] - y
+                    heapq.heappush(heap, (dx * dx + dy * dy, seq, 1, rec))
+                    seq += 1
+            else:
+                found = self._nodes(node[KIDS])
+                for kid in node[KIDS]:
+                    child = found[kid]
+                    if child[COUNT]:
+                        heapq.heappush(heap, (_mindist2(child, x, y), seq, 0, kid))
+                        seq += 1
+        return out
+
+    def grid_counts(self, depth: int, cells: Iterable[tuple[int, int]] | None = None,
+                    ) -> dict[tuple[int, int], int]:
+        """Points per cell of the ``2**depth`` x ``2**depth`` grid over the bounds, as
+        ``{(ix, iy): count}`` for non-empty cells; cell ``(ix, iy)`` is the quadrant reached
+        by ``depth`` halvings. Reads no node deeper than ``depth``; with ``cells``, only the
+        nodes on the way to those cells (a density lookup for a few regions)."""
+        bx0, by0, bx1, by1 = self._meta["bounds"]
+        out: dict[tuple[int, int], int] = {}
+        wanted: list[set] | None = None
+        if cells is not None:
+            wanted = [set() for _ in range(depth + 1)]
+            for cx, cy in cells:
+                for level in range(depth + 1):
+                    wanted[level].add((cx >> (depth - level), cy >> (depth - level)))
+
+        def visit(node: list) -> bool:
+            if node[COUNT] == 0:
+                return False
+            nd = node[DEPTH]
+            side = 1 << nd
+            ix = int(round((node[X0] - bx0) / (bx1 - bx0) * side))
+            iy = int(round((node[Y0] - by0) / (by1 - by0) * side))
+            if wanted is not None and (nd > depth or (ix, iy) not in wanted[nd]):
+                return False
+            if nd == depth:
+                out[(ix, iy)] = out.get((ix, iy), 0) + node[COUNT]
+                return False
+            if node[KIDS] is None:
+                for rec in _recs(node[PTS]):
+                    cx, cy = ix, iy
+                    x0, y0, x1, y1 = node[X0], node[Y0], node[X1], node[Y1]
+                    for _ in range(depth - nd):
+                        mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+                        if rec[0] >= mx:
+                            cx, x0 = 2 * cx + 1, mx
+                        else:
+                            cx, x1 = 2 * cx, mx
+                        if rec[1] >= my:
+                            cy, y0 = 2 * cy + 1, my
+                        else:
+                            cy, y1 = 2 * cy, my
+                    if wanted is None or (cx, cy) in wanted[depth]:
+                        out[(cx, cy)] = out.get((cx, cy), 0) + 1
+                return False
+            return True
+
+        self._walk(visit)
+        return out
+
+    def cell_bounds(self, depth: int, ix: int, iy: int) -> tuple[float, float, float, float]:
+        """The rectangle of grid cell ``(ix, iy)`` at ``depth`` (as ``grid_counts`` uses)."""
+        x0, y0, x1, y1 = self._meta["bounds"]
+        for level in range(depth - 1, -1, -1):
+            mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+            if (ix >> level) & 1:
+                x0 = mx
+            else:
+                x1 = mx
+            if (iy >> level) & 1:
+                y0 = my
+            else:
+                y1 = my
+        return x0, y0, x1, y1
+
+    def __iter__(self) -> Iterator[Point]:
+        leaves: list[list] = []
+
+        def visit(node: list) -> bool:
+            if node[KIDS] is None:
+                leaves.append(node)
+            return True
+
+        self._walk(visit)
+        for leaf in leaves:
+            for rec in _recs(leaf[PTS]):
+                yield self._as_point(rec)
+
+    def points(self) -> list[Point]:
+        return list(self)
+
+
+    def height(self) -> int:
+        """Depth of the deepest node."""
+        deepest = 0
+
+        def visit(node: list) -> bool:
+            nonlocal deepest
+            deepest = max(deepest, node[DEPTH])
+            return True
+
+        self._walk(visit)
+        return deepest
