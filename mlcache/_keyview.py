@@ -97,6 +97,33 @@ class KeyView:
         memo[key] = kb
         return kb
 
+    def _kbs(self, keys: list[Any]) -> list[bytes]:
+        """``[self._kb(key) for key in keys]``, with the memo lookup and a flat tuple's
+        encoding inlined (a batched miss encodes every key of the batch)."""
+        memo = self._memo
+        get = memo.get
+        kb_of = self._kb
+        prefix = self._prefix
+        out = []
+        append = out.append
+        for key in keys:
+            t = type(key)
+            if t is tuple and _flat(key):
+                kb = get(key)
+                if kb is None:
+                    kb = prefix + _encode(key, True)
+                    if len(memo) >= self._memo_max:
+                        memo.clear()
+                    memo[key] = kb
+            elif t is str or t is int or t is bytes:
+                kb = get(key)
+                if kb is None:
+                    kb = kb_of(key)
+            else:
+                kb = kb_of(key)
+            append(kb)
+        return out
+
     def _encode_key(self, key: Hashable) -> bytes:
         return self._kb(key)
 

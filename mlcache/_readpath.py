@@ -380,13 +380,20 @@ class ReadPath:
             return
         insert = heap.insert
         track = self._track
-        remember = self._digests.remember
+        digests = self._digests
+        remember, remembered, kept = digests.remember, digests._d, digests._raw
         immutable = IMMUTABLE
         victims_all: list[tuple[bytes, Any, bool]] = []
         for kb, value, raw in items:
             if track and type(value) not in immutable:
-                remember(kb, raw)
-            victims = insert(kb, value, dirty=False, size=len(raw), ts=ts)
+                n = len(raw)
+                if n < _KEEP_RAW_MIN and not kept:
+                    remembered[kb] = hash(raw)   # Digests.remember of a small encoding, inlined
+                else:
+                    remember(kb, raw)
+            else:
+                n = len(raw)
+            victims = insert(kb, value, dirty=False, size=n, ts=ts)
             if victims:
                 if any(k == kb for k, _, _ in victims):
                     # not admitted: just decoded, so unchanged; nothing to check or write

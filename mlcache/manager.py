@@ -305,8 +305,7 @@ class CacheManager(ReadPath, KeyView):
 
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
         keys = list(keys)
-        kb = self._kb
-        kbs = [kb(key) for key in keys]
+        kbs = self._kbs(keys)
         found = self._load_into_heap(kbs, ts)
         return {key: found[k] for key, k in zip(keys, kbs) if k in found}
 
