@@ -170,15 +170,20 @@ class WriteBack:
 
     # -- called with the manager lock held -------------------------------------------------
 
+    # Event.set() takes the event's lock and notifies every time; it is skipped when the
+    # event is already set. Safe: the writer clears the event before it looks for work, so
+    # an entry added while the event is still set is added before that look.
     def enqueue(self, key: bytes, data: bytes) -> None:
         self.buffer.add(0, key, data)
         self.stats.writeback["dirty_evictions"] += 1
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def delete(self, key: bytes) -> None:
         self.buffer.discard(key)
         self.tombstones.add(key)
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def needs_room(self) -> bool:
         if len(self.buffer) > self.buffer_max:
