@@ -609,3 +609,23 @@ def test_a_read_that_races_a_writer_reads_again_under_the_lock(monkeypatch):
     assert a.get(b"k") == b"e" * 100
     check_invariants(a)
     a.close()
+
+
+def test_an_arena_dropped_without_close_is_freed_at_once():
+    """The hot-path closures are attributes of the level: they must not hold it strongly, or
+    an arena (and its mapped buffers) dropped without close() would wait for the cyclic GC."""
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        a = ArenaLevel(ArenaConfig(max_bytes=1 << 22))
+        a.put(b"k", b"v" * 5000)
+        assert a.get(b"k") == b"v" * 5000 and a.get_many([b"k"]) == [b"v" * 5000]
+        a.delete(b"k")
+        alive = weakref.ref(a)
+        del a
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()

@@ -65,6 +65,7 @@ Reads copy exactly once, into the ``bytes`` the caller owns (``get_many``); :met
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from itertools import islice
 from typing import Any, Iterator, Sequence
@@ -599,13 +600,19 @@ class ArenaLevel(BlockStore):
         entry's bytes with one slice of the mmap, and keep the copy only if the index still
         holds the same ``packed`` object, so nothing changed the entry meanwhile; otherwise
         read again under the lock.
+
+        The closures hold the level only weakly (they are its attributes; a strong reference
+        would make a cycle, and an arena dropped without ``close`` would keep its buffers
+        mapped until a full collection): the read path never needs it, and the write paths
+        take it once per call.
         """
         if self._policy is not None:
             return
         cls = type(self)
-        locked_get = cls.get.__get__(self)
-        general_get_many = cls.get_many.__get__(self)
-        general_put_many = cls.put_many.__get__(self)
+        ref = weakref.ref(self)
+        locked_get = cls.get
+        general_get_many = cls.get_many
+        general_put_many = cls.put_many
         lock = self._lock
         acquire = lock.acquire
         release = lock.release
@@ -622,11 +629,19 @@ class ArenaLevel(BlockStore):
         heads = self._heads
         full = self._full_lens
         free_lens = self._free_lens
-        drop = self._drop
-        unlink = self._unlink
-        push = self._push
-        take = self._take
-        store = self._store
+        drop = cls._drop
+        unlink = cls._unlink
+        push = cls._push
+        take = cls._take
+        store = cls._store
+        release_chain = cls._release
+
+        def level() -> "ArenaLevel":
+            me = ref()
+            if me is None:      # only a closure kept by a caller outlives its level
+                raise LevelUnavailableError("arena level is gone (dropped)",
+                                            level="arena")
+            return me
         bs = self.block_size
         shift = self._shift
         mask = self._mask
@@ -641,8 +656,9 @@ class ArenaLevel(BlockStore):
         def get(key: bytes) -> bytes | None:
             packed = lookup(key)
             if packed is None:
-                if self._closed:
-                    self._check_open()
+                me = level()
+                if me._closed:
+                    me._check_open()
                 return None
             if packed & contig:
                 size = packed >> 33
@@ -651,22 +667,23 @@ class ArenaLevel(BlockStore):
                 try:
                     data = maps[addr >> shift][off:off + size]
                 except (IndexError, ValueError):   # closed meanwhile: the locked read says so
-                    return locked_get(key)
+                    return locked_get(level(), key)
                 if lookup(key) is packed:          # the entry did not change while copied
                     try:
                         touch(key)
                     except KeyError:               # deleted since: the read came first
                         pass
                     return data
-            return locked_get(key)
+            return locked_get(level(), key)
 
         def get_many(keys: Sequence[bytes]) -> list[bytes | None]:
             if type(keys) is list and len(keys) == 1:
                 key = keys[0]                      # get() written out: the manager's read
                 packed = lookup(key)
                 if packed is None:
-                    if self._closed:
-                        self._check_open()
+                    me = level()
+                    if me._closed:
+                        me._check_open()
                     return [None]
                 if packed & contig:
                     size = packed >> 33
@@ -675,25 +692,26 @@ class ArenaLevel(BlockStore):
                     try:
                         data = maps[addr >> shift][off:off + size]
                     except (IndexError, ValueError):
-                        return [locked_get(key)]
+                        return [locked_get(level(), key)]
                     if lookup(key) is packed:
                         try:
                             touch(key)
                         except KeyError:
                             pass
                         return [data]
-                return [locked_get(key)]
-            return general_get_many(keys)
+                return [locked_get(level(), key)]
+            return general_get_many(level(), keys)
 
         def put(key: bytes, value: Any) -> Victims:
+            self = level()
             kind = type(value)
             if type(key) is not bytes or (kind is not bytes and (
                     kind is not memoryview or value.format != "B" or value.ndim != 1)) \
                     or not self.may_evict:
-                return general_put_many(((key, value),))
+                return general_put_many(self, ((key, value),))
             size = len(value)
             if size > small:
-                return general_put_many(((key, value),))
+                return general_put_many(self, ((key, value),))
             blocks = (size + bs - 1) // bs or 1
             charge = ENTRY_OVERHEAD + len(key)
             acquire()
@@ -715,12 +733,12 @@ class ArenaLevel(BlockStore):
                         self._data_bytes += size - (old >> 33)
                         touch(key)
                         return []
-                    drop(key, old)
+                    drop(self, key, old)
                 m = self._avail >> blocks
                 if not m or blocks >= big or blocks > self._free_blocks \
                         or self._index_bytes + charge > self._index_room:
                     victims: Victims = []
-                    store(key, value, victims)
+                    store(self, key, value, victims)
                     return victims
                 # The shortest free run that holds the entry (the lowest list at or above it).
                 c = blocks + (m & -m).bit_length() - 1
@@ -734,7 +752,7 @@ class ArenaLevel(BlockStore):
                         tags[i + rest - 1] = rest
                         start += rest
                     else:
-                        start = take(blocks)[0]
+                        start = take(self, blocks)[0]
                 else:                      # pop the head of an exact-length list
                     words = words_of[start >> shift]
                     fwd = words[(start & mask) * wpb]
@@ -744,7 +762,7 @@ class ArenaLevel(BlockStore):
                     else:
                         self._avail &= ~(1 << c)
                     if c > blocks:
-                        push(start + blocks, c - blocks)
+                        push(self, start + blocks, c - blocks)
                 self._free_blocks -= blocks
                 b = start >> shift
                 i = start & mask
@@ -772,6 +790,7 @@ class ArenaLevel(BlockStore):
                 release()
 
         def delete(key: bytes) -> None:
+            self = level()
             acquire()
             try:
                 if self._closed:
@@ -785,7 +804,7 @@ class ArenaLevel(BlockStore):
                 self._used_blocks -= blocks
                 self._index_bytes -= ENTRY_OVERHEAD + len(key)
                 if not packed & contig:
-                    self._release(packed)
+                    release_chain(self, packed)
                     return
                 last = packed & addr_mask
                 b = last >> shift
@@ -814,10 +833,10 @@ class ArenaLevel(BlockStore):
                     if n >= big:          # a long run on the left keeps its place
                         stays = True
                     else:
-                        unlink(base | i, n)
+                        unlink(self, base | i, n)
                 if j + 1 < bpb and lens[j + 1] == free:
                     n = nxt[j + 1]
-                    unlink(base | j + 1, n)
+                    unlink(self, base | j + 1, n)
                     j += n
                 n = j - i + 1
                 nxt[i] = n
