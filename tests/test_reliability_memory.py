@@ -330,3 +330,25 @@ def test_memo_entry_charge_covers_a_composite_key():
         finally:
             tracemalloc.stop()
     assert worst <= _MEMO_ENTRY, worst
+
+
+def test_policy_sketch_is_sized_by_the_budget_and_charged_as_it_grows():
+    """A bytes-bounded W-TinyLFU heap used to size its sketch as if every byte were an entry
+    (64K entries: 2.5 MiB beside any budget); now it starts at one entry per 16 KiB of budget,
+    grows with the entries resident, and the heap's capacity follows the sketch's size."""
+    from mlcache import HeapConfig
+    from mlcache.levels.heap import HeapLevel
+    from mlcache.manager import _ENTRY_OVERHEAD
+
+    budget = 1 << 20
+    heap = HeapLevel(HeapConfig(max_bytes=budget))   # the default policy
+    sketch = heap.policy.sketch
+    assert sketch.capacity == max(64, budget // HeapLevel.bytes_per_expected_entry)
+    assert heap.capacity == budget - sketch.nbytes
+    first = sketch.nbytes
+    heap.entry_overhead = _ENTRY_OVERHEAD              # as the manager's heap charges
+    for i in range(20_000):
+        heap.insert(b"k%d" % i, i + 1000, dirty=False)
+        assert heap.tracked_weight <= heap.capacity
+    assert sketch.nbytes > first                       # grew with the entries resident
+    assert heap.capacity == budget - sketch.nbytes     # and is charged
