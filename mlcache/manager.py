@@ -258,6 +258,22 @@ class CacheManager(ReadPath, KeyView):
             self._prefetcher.note_get(kb, ts)  # a use while its prefetch is queued: late
         return self._load_into_heap((kb,), ts).get(kb, default)
 
+    def _get_kbs(self, kbs: list[bytes]) -> list[Any]:
+        """The values of ``kbs``, ``MISSING`` for a miss; for structures reading a batch of
+        their entries (the quadtree reads one tree level per call). When all are resident it
+        is the hit path of ``get`` for each (no lock: a dict read, then the read buffer),
+        else one batched ``_load_into_heap``."""
+        values = list(map(self._data.get, kbs, itertools.repeat(_MISSING, len(kbs))))
+        if _MISSING not in values:
+            reads = self._reads
+            reads.extend(kbs)
+            if len(reads) >= 64:   # _READ_BATCH
+                with self._lock:
+                    self._apply_reads()
+            return values
+        found = self._load_into_heap(kbs)
+        return [found.get(kb, _MISSING) for kb in kbs]
+
     def _apply_reads(self) -> None:
         """Lock held: replay buffered heap hits to the policy (and the mutation tracker).
 

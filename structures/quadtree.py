@@ -53,11 +53,13 @@ from typing import Any
 
 import msgpack
 
+from mlcache._readpath import MISSING as _MISSING
+
 from ._quadtree_geometry import ANY as _ANY
-from ._quadtree_geometry import (COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS, ROOT, SIZE,
-                                 TMIN, X0, X1, Y0, Y1, Point, _check_bounds, _child_bounds,
-                                 _min_of, _min_ts, _quadrant, _quadtree_meta, _recs, data_size,
-                                 float_points, node_size, points_size)
+from ._quadtree_geometry import (COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS,
+                                 ROOT, SIZE, TMIN, X0, X1, Y0, Y1, Point, _check_bounds,
+                                 _child_bounds, _min_of, _min_ts, _quadrant, _quadtree_meta,
+                                 _recs, data_size, float_points, node_size, points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
 from ._quadtree_query import _QuadtreeQueries
 from .base import Cacheable
@@ -450,13 +452,14 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
 
     def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
         ids = list(ids)
-        kbs = self._kbs(ids)
-        found = self._manager._load_into_heap(kbs)
-        out = {}
-        for nid, k in zip(ids, kbs):
-            node = found.get(k)
-            if node is not None:
-                out[nid] = node if type(node) is list else _upgrade(node)
+        values = self._manager._get_kbs(self._kbs(ids))
+        out = dict(zip(ids, values))
+        if values and (len(set(map(type, values))) > 1 or type(values[0]) is not list):
+            for nid, node in list(out.items()):   # misses, or nodes of the earlier layout
+                if node is _MISSING:
+                    del out[nid]
+                elif type(node) is not list:
+                    out[nid] = _upgrade(node)
         return out
 
     def _node(self, nid: int) -> list | None:
