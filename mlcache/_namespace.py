@@ -40,9 +40,10 @@ class Namespace(KeyView):
         return self.get(key, MISSING) is not MISSING
 
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
-        pairs = [(key, self._kb(key)) for key in keys]
-        found = self.manager._load_into_heap([kb for _, kb in pairs], ts)
-        return {key: found[kb] for key, kb in pairs if kb in found}
+        keys = list(keys)
+        kbs = self._kbs(keys)
+        found = self.manager._load_into_heap(kbs, ts)
+        return {key: found[kb] for key, kb in zip(keys, kbs) if kb in found}
 
     def put(self, key: Any, value: Any, *, ts: float | None = None) -> None:
         self.manager._put_items([(key, self._kb(key), value)], ts)
