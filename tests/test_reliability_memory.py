@@ -34,8 +34,9 @@ _SCRIPT = textwrap.dedent("""
     from mlcache import CacheConfig, CacheManager, HeapConfig, RedisConfig
     from mlcache.levels.heap import estimate_size
 
-    path, budget, factor, ops, trace = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-                                        int(sys.argv[4]), sys.argv[5] == "trace")
+    path, budget, factor, ops, trace, series = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                                int(sys.argv[4]), sys.argv[5] == "trace",
+                                                int(sys.argv[6]))
 
     def status(field: str) -> int:
         with open("/proc/self/status") as f:
@@ -44,7 +45,7 @@ _SCRIPT = textwrap.dedent("""
                     return int(line.split()[1]) * 1024
         raise KeyError(field)
 
-    def value(i: int, version: int, n: int = 160):
+    def value(i: int, version: int, n: int = series):
         # a typical state record: a dict with a series of floats, a string and a counter
         return {"id": i, "version": version, "name": f"entity-{i:08d}",
                 "series": [float(i + j) for j in range(n)], "tags": ("a", "b", i % 7)}
@@ -56,7 +57,7 @@ _SCRIPT = textwrap.dedent("""
     # drop it all; small records, so the baseline does not hold freed memory the run reuses
     warm = [("warm", i) for i in range(64)]
     for i, k in enumerate(warm):
-        m.put(k, value(i, 0, 8))
+        m.put(k, value(i, 0, min(series, 8)))
     m.flush()
     m.invalidate_local()
     for k in warm:
@@ -110,18 +111,19 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(url, *, budget: int, factor: int, ops: int, trace: bool) -> dict:
+def _run(url, *, budget: int, factor: int, ops: int, trace: bool, series: int) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, url,
-                          str(budget), str(factor), str(ops), "trace" if trace else "rss"],
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, url, str(budget), str(factor),
+                          str(ops), "trace" if trace else "rss", str(series)],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _check(url, budget: int, ops: int) -> None:
-    traced = _run(url, budget=budget, factor=10, ops=ops, trace=True)
-    rss = _run(url, budget=budget, factor=10, ops=ops, trace=False)
+def _check(url, budget: int, ops: int, series: int = 160) -> None:
+    """``series``: floats per record (160: 7.2 KiB as objects; 4: 0.8 KiB, many more keys)."""
+    traced = _run(url, budget=budget, factor=10, ops=ops, trace=True, series=series)
+    rss = _run(url, budget=budget, factor=10, ops=ops, trace=False, series=series)
     mib = 2 ** 20
     print(f"\nheap budget {budget / mib:.1f} MiB, {traced['keys']} keys "
           f"({traced['state_bytes_as_objects'] / mib:.1f} MiB as objects, "
@@ -144,6 +146,12 @@ def test_heap_and_rss_stay_within_budget_with_10x_state(redis_url):
 @pytest.mark.stress
 def test_heap_and_rss_stay_within_budget_stress(redis_url):
     _check(redis_url, budget=32 << 20, ops=200_000)
+
+
+@pytest.mark.stress
+def test_heap_and_rss_stay_within_budget_small_records_stress(redis_url):
+    # ~170K keys of 0.8 KiB: the per-entry charge and the sketch weigh more than the values
+    _check(redis_url, budget=16 << 20, ops=250_000, series=4)
 
 
 # -- the accounting fixes the bound needed (regression tests) --------------------------------
