@@ -644,11 +644,12 @@ class Prefetcher:
             return
         if self.inline:
             # A remote store's round trip is a floor under every batch; a busy machine's
-            # stalls come and go: judge by a low quantile of the recent waits.
+            # stalls (a level server or this thread waiting for a core) come and go: judge by
+            # the least wait of the recent batches.
             waits.append(wait)
             if len(waits) < 4:
                 return
-            w = sorted(waits)[len(waits) // 4]
+            w = min(waits)
             inline = w <= _INLINE_WAIT_SHARE * self._gap_s
         else:
             # a probe (fetch threads paused): back inline as soon as a batch waits little
