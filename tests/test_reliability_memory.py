@@ -121,7 +121,7 @@ def _run(url, *, budget: int, factor: int, ops: int, trace: bool, series: int) -
 
 
 def _check(url, budget: int, ops: int, series: int = 160) -> None:
-    """``series``: floats per record (160: 7.2 KiB as objects; 4: 0.8 KiB, many more keys)."""
+    """``series``: floats per record (160: 7.2 KiB as objects; 4: 1 KiB, many more keys)."""
     traced = _run(url, budget=budget, factor=10, ops=ops, trace=True, series=series)
     rss = _run(url, budget=budget, factor=10, ops=ops, trace=False, series=series)
     mib = 2 ** 20
@@ -150,7 +150,7 @@ def test_heap_and_rss_stay_within_budget_stress(redis_url):
 
 @pytest.mark.stress
 def test_heap_and_rss_stay_within_budget_small_records_stress(redis_url):
-    # ~170K keys of 0.8 KiB: the per-entry charge and the sketch weigh more than the values
+    # ~170K keys of 1 KiB: the per-entry charge and the sketch weigh about as much as the values
     _check(redis_url, budget=16 << 20, ops=250_000, series=4)
 
 
