@@ -272,7 +272,11 @@ class WriteBack:
             if self._stop.is_set():
                 break
             self._wake.clear()
-            if len(self.buffer.pending[0]) < self.batch_size:
+            queued, full = self.buffer.pending[0], self.batch_bytes_max
+            if len(queued) < self.batch_size and (full is None or queued.nbytes < full):
+                # Linger for a batch to fill; a batch already full in bytes (one 1 MB value)
+                # goes at once, or the next put finds the buffer over its bound and writes it
+                # itself, synchronously, while this thread sleeps.
                 self._stop.wait(_LINGER)
             while self._work_waiting() and not self._stop.is_set():
                 try:
