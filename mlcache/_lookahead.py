@@ -194,7 +194,9 @@ class Lookahead(Iterator[Any]):
         self._index = 0
         self._pumped = 0      # records read when the operator last read a batch itself
         batch = self._pf.config.batch_size if self._pf is not None else 1
-        self._every = max(1, min(self.depth // 2, batch))   # records between its batches
+        self._batch = batch
+        self._every = max(1, self.depth // 2)      # records read at most between its batches
+        self._full = min(batch, self._every)       # keys queued that make a batch worth it
         self._warmup = self.depth + 1
         self._exhausted = False
         self.records = 0
@@ -255,13 +257,13 @@ class Lookahead(Iterator[Any]):
                 pf.install(_INSTALL_PER_RECORD)
             pending = len(pf._buffer.pending)
             if pending:
-                # a full batch, or whatever waits once a batch's worth of records (at most
-                # half the read-ahead) was read since the last batch: no key waits for its
-                # batch longer than that, whatever the depth
-                every = self._every
-                due = self._index - self._pumped >= every
-                if (due or pending >= every) and pf.pump(q[0][1] if q else None,
-                                                         1 if due else every):
+                # a full batch, or whatever waits once half the read-ahead was read since
+                # the last batch: no key waits for its batch longer than that, so every key
+                # is read at least half the depth before its record
+                due = self._index - self._pumped >= self._every
+                full = self._full
+                if (due or pending >= full) and pf.pump(q[0][1] if q else None,
+                                                        1 if due else full):
                     self._pumped = self._index
         want = self.depth + 1
         while len(q) < want and not self._exhausted:
@@ -310,7 +312,8 @@ class Lookahead(Iterator[Any]):
                 ctl.limit(len(self._queue) * cap // held)
             self.depth = ctl.depth
             pf.depth = self.depth
-            self._every = max(1, min(self.depth // 2, pf.config.batch_size))
+            self._every = max(1, self.depth // 2)
+            self._full = min(self._batch, self._every)
         return rec
 
     def _recover(self, kb: bytes, index: int) -> None:
