@@ -656,3 +656,32 @@ def test_fetch_mode_is_validated():
     with pytest.raises(ConfigError, match="fetch_mode"):
         PrefetchConfig(fetch_mode="sometimes")
     assert PrefetchConfig().fetch_mode == "auto"
+
+
+def test_inline_batches_measure_latency_from_the_read_not_the_hint(tmp_path):
+    # Regression: measured from the hint, an inline key's "fetch latency" included the records
+    # it waited for its batch, which grows with the depth; the controller then kept doubling
+    # the depth (10,000 records on the full nexmark run). From the read's start, it cannot
+    # exceed the batch's own duration, and the depth stays far below its memory cap.
+    cfg = _disk_config(tmp_path, None, entries=40_000, hot_threshold=16, fetch_mode="inline")
+    n = 12_000
+    _fill(cfg, [(i, i) for i in range(n)])
+    with CacheManager(cfg) as m:
+        it = prefetching(range(n), key=lambda r: r, cache=m)
+        total = sum(m.get(r) for r in it)
+        p = _prefetcher(m)
+        assert total == sum(range(n))
+        # each key's latency is exactly its batch's duration (same clock readings)
+        assert set(p.fetch_latency._d) <= set(p.batch_latency._d)
+        assert max(it.controller.history) < 20_000 // 4, it.controller.history
+
+
+def test_operator_leaves_the_handed_over_record_key_to_its_own_get():
+    buf = __import__("mlcache.prefetch", fromlist=["HintBuffer"]).HintBuffer()
+    for i, kb in enumerate([b"head", b"a", b"b"]):
+        buf.add(kb, float(i), 0.0)
+    batch, late = buf.take(10, 0.0, skip=b"head")
+    assert [kb for kb, _, _ in batch] == [b"a", b"b"] and late == 0
+    assert list(buf.pending) == [b"head"]
+    batch, _ = buf.take(10, 0.0, skip=b"head")
+    assert batch == [] and list(buf.pending) == [b"head"]
