@@ -260,7 +260,8 @@ class Lookahead(Iterator[Any]):
                 # a full batch, or whatever waits once half the read-ahead was read since
                 # the last batch: no key waits for its batch longer than that, so every key
                 # is read at least half the depth before its record
-                due = self._index - self._pumped >= self._every
+                # (once the input is exhausted, no later record will fill a batch: read now)
+                due = self._exhausted or self._index - self._pumped >= self._every
                 full = self._full
                 if (due or pending >= full) and pf.pump(q[0][1] if q else None,
                                                         1 if due else full):

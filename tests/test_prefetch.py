@@ -685,3 +685,20 @@ def test_operator_leaves_the_handed_over_record_key_to_its_own_get():
     assert list(buf.pending) == [b"head"]
     batch, _ = buf.take(10, 0.0, skip=b"head")
     assert batch == [] and list(buf.pending) == [b"head"]
+
+
+def test_inline_operator_reads_the_last_keys_when_the_input_ends(tmp_path):
+    # Regression: the batch trigger counted records read, which stops at the end of the input,
+    # so the keys of the last records (fewer than a full batch) were never read ahead and every
+    # one of those records arrived "late" and paid a demand read in its step.
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16, fetch_mode="inline")
+    n = 200
+    _fill(cfg, [(i, i) for i in range(n)])
+    with CacheManager(cfg) as m:
+        out = [m.get(r) for r in prefetching(range(n), key=lambda r: r, cache=m, depth=32)]
+        st = m.stats()["prefetch"]
+    assert out == list(range(n))
+    # only the first two records find their keys queued: record 0 is read and handed over in
+    # one call, and record 1's key is left to its own get by the first batch
+    assert st["late"] <= 2 and st["useful"] >= n - 2
