@@ -371,9 +371,9 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
 
     runs = {}
     for fraction in (0.1, 0.2, 0.3):
-        # Two runs, each followed by its bound; the best of each side (the machine is shared
-        # and the question is what the code costs, as in every loop here).
-        pair = [mlcache_run(fraction, r) for r in range(2)]
+        # Runs each followed by its bound (three, two with --quick); the best of each side:
+        # the machine is shared and the question is what the code costs, as in every loop here.
+        pair = [mlcache_run(fraction, r) for r in range(2 if quick else 3)]
         measured.append(transfer_costs())
         best = min(pair, key=lambda run: run["elapsed"])
         runs[fraction] = dict(best, bound=min(run["bound"] for run in pair))
