@@ -82,6 +82,12 @@ class FrequencySketch:
         self._offsets = np.arange(self.depth, dtype=np.int64).reshape(self.depth, 1) * self.width
         self._steps = np.arange(self.depth, dtype=np.int64).reshape(self.depth, 1)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the sketch keeps: the counter table and the drain's scratch counters (a
+        bytes-bounded heap takes it off its capacity)."""
+        return len(self.table) + self._acc.nbytes
+
     def ensure_capacity(self, capacity: int) -> None:
         """Grow (and clear) the sketch when the cache holds more entries than it was sized for."""
         if capacity > self.capacity:
