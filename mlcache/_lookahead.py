@@ -22,6 +22,15 @@ behind them): then the latency is queueing, which a deeper read-ahead would only
 while the distinct keys of the records read ahead — each held in the heap for its record, either
 prefetched or renewed by TAC's hint — reach half the heap's entry bound, and it is scaled down
 to fit that bound when they exceed it.
+
+Between two records the operator also does the prefetcher's GIL-bound work on its own thread
+(see :mod:`mlcache.prefetch`): it installs reads the fetch threads staged, replays buffered heap
+hits to the policy, and -- when batches are read inline -- reads one once ``batch_size`` keys are
+queued or half the depth was read since the last one (at once when the input is exhausted),
+never including the key of the record it is about to hand over: that record's own wait stays in
+its own get. Inline, latency and slack are measured from the start of the read (the operator
+chose when to read), and the depth is kept at two batches' worth of records at least, so that
+batches can fill.
 """
 from __future__ import annotations
 

@@ -16,14 +16,28 @@ checks residency itself and calls ``submit`` for absent keys)::
     lateness bound: ts < watermark - lateness ──> dropped ("dropped_late")
          │
     hint buffer: one entry per key (latest ts, first hint time), unprocessed -> in-flight
-         │ fetch threads, up to batch_size keys per batch
-    manager._load_into_heap(batch, prefetch=True): one MGET / pipeline / diskcache transaction
-    per level per batch; keys inserted clean into the heap, then hinted with their own ts.
+         │ up to batch_size keys per batch, one MGET / pipeline / diskcache transaction
+         │ per level per batch; read by ...
+         ├─ the lookahead operator itself, between records ("inline"; fetch_mode "auto" while
+         │  the reads hardly wait): manager._load_into_heap(batch, prefetch=True), keys
+         │  inserted clean into the heap, then hinted with their own ts
+         └─ fetch threads (reads that wait; hints without an operator): with an operator
+            attached they only read and *stage* the raw bytes (Prefetcher._fetch_staged), and
+            the operator's thread decodes and installs them (Prefetcher.install, 8 per record;
+            a get of a staged key installs it at once); without one, _load_into_heap as above.
 
-Costs per hint: one dict lookup (residency), one buffered sketch increment + a 4-row estimate
-(~1 µs), and for a resident key one policy hint (TAC: a heap push, O(log n)) — no lock on these
-paths. A queued key costs one lock round and a dict insert; its fetch costs 1/batch_size of a
-batched read plus its decode and heap insert on a fetch thread. Per use: a lock-free check of
+Why the split: the threads share the GIL with the record loop. A thread returning from I/O
+waits up to the switch interval (5 ms), forces a hand-off wherever the loop is, and then holds
+the GIL for its Python work; that was the keyed variant's tail. Work that needs the GIL runs on
+the operator's thread, between records (docs/implementation/keyed-prefetching.md measures it).
+A staged value is installed only if the key is still absent, not deleted, not in the eviction
+buffer and not moved by a write since it was read (``WriteBack.moved_since``): a hint never
+installs over a newer value. Staging is bounded (``staged_max_keys``/``staged_max_bytes``).
+
+Costs per hint: one dict lookup (residency), one buffered sketch increment (+ a 4-row estimate
+for a resident key), and for a resident key one policy hint (TAC: a heap push, O(log n)) — no
+lock on these paths. A queued key costs one lock round and a dict insert; its fetch costs
+1/batch_size of a batched read plus its decode and heap insert. Per use: a lock-free check of
 the buffer and one dict pop.
 
 * **Hot-key filter.** Every hint increments the 4-bit count-min sketch (:mod:`mlcache.sketch`,
