@@ -132,6 +132,7 @@ class ReadPath:
     _access: Any
     _track: bool
     _hits: int
+    _weighers: list[tuple[bytes, Any]]
 
     def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
                         prefetch: bool = False) -> dict[bytes, Any]:
@@ -384,6 +385,7 @@ class ReadPath:
         remember, remembered, kept = digests.remember, digests._d, digests._raw
         immutable = IMMUTABLE
         victims_all: list[tuple[bytes, Any, bool]] = []
+        weight_of = self._weight_of if self._weighers else None
         for kb, value, raw in items:
             if track and type(value) not in immutable:
                 n = len(raw)
@@ -393,7 +395,8 @@ class ReadPath:
                     remember(kb, raw)
             else:
                 n = len(raw)
-            victims = insert(kb, value, dirty=False, size=n, ts=ts)
+            victims = insert(kb, value, dirty=False, size=n, ts=ts,
+                             weight=None if weight_of is None else weight_of(kb, value))
             if victims:
                 if any(k == kb for k, _, _ in victims):
                     # not admitted: just decoded, so unchanged; nothing to check or write
@@ -408,6 +411,14 @@ class ReadPath:
         if victims_all:
             self._handle_victims(victims_all)
 
+    def _weight_of(self, kb: bytes, value: Any) -> int | None:
+        """The weight a structure keeps in a value it reads back (see ``_weigh_with``), or
+        None: the heap then weighs the value itself (a walk over a sample of it)."""
+        for prefix, weigh in self._weighers:
+            if kb.startswith(prefix):
+                return weigh(value)
+        return None
+
     def _admit(self, kb: bytes, value: Any, raw: bytes, ts: float | None) -> Any:
         """Lock held: insert a value read from below into the heap, clean."""
         heap = self._heap
@@ -415,7 +426,8 @@ class ReadPath:
             return value
         if self._track and type(value) not in IMMUTABLE:
             self._digests.remember(kb, raw)
-        victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts)
+        victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts,
+                              weight=self._weight_of(kb, value) if self._weighers else None)
         if victims:
             if any(k == kb for k, _, _ in victims):
                 # not admitted: just decoded, so unchanged; nothing to check or write

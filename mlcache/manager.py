@@ -158,6 +158,9 @@ class CacheManager(ReadPath, KeyView):
         self._loading: dict[bytes, _Load] = {}
         self._namespaces: dict[str, Namespace] = {}
         self._structures: dict[tuple[str, str], Any] = {}
+        # (namespace prefix, weigh(value) -> int | None): structures whose values carry their
+        # own size (quadtree nodes) spare the heap a walk over each value loaded from below
+        self._weighers: list[tuple[bytes, Callable[[Any], int | None]]] = []
         self._prefetcher: Any = None
         self._prefetcher_pid = 0
         self._prefetch_absent = False
@@ -257,6 +260,15 @@ class CacheManager(ReadPath, KeyView):
         if self._prefetcher is not None:
             self._prefetcher.note_get(kb, ts)  # a use while its prefetch is queued: late
         return self._load_into_heap((kb,), ts).get(kb, default)
+
+    def _weigh_with(self, namespace_start: str, weigh: Callable[[Any], int | None]) -> None:
+        """Values loaded from below under namespaces starting with ``namespace_start`` are
+        weighed by ``weigh(value)`` (the memory as the structure keeps it, or None to let the
+        heap weigh it) instead of a walk; once per start, for a structure kind."""
+        prefix = f"{self.config.namespace}/{namespace_start}".encode()
+        with self._lock:
+            if all(p != prefix for p, _ in self._weighers):
+                self._weighers.append((prefix, weigh))
 
     def _get_kbs(self, kbs: list[bytes]) -> list[Any]:
         """The values of ``kbs``, ``MISSING`` for a miss; for structures reading a batch of

@@ -20,7 +20,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, rule,
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
 from mlcache.structures import CacheableList, CacheableSet, PlainQuadtree
-from mlcache.structures._quadtree_geometry import NODE_CODEC, SIZE
+from mlcache.structures._quadtree_geometry import KIDS, NODE_CODEC, SIZE
 
 from _structures_support import LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, tiny_config
 
@@ -337,3 +337,25 @@ def test_quadtree_namespaces_keep_no_key_memo_and_take_no_share_of_the_budget(tm
             assert qt.verify() > 1
         assert (m._heap.capacity, m._memo_total) == (capacity, memo_total)
         assert m.namespace("quadtree:t3")._memo_max == 0
+
+
+def test_nodes_loaded_from_a_level_are_weighed_by_their_size(tmp_path):
+    """A node read back is charged the size it carries (no walk over it); a size that cannot
+    be right (damaged) is ignored and the heap weighs the node itself."""
+    config = replace(tiny_config("disk", str(tmp_path / "d"), None),
+                     heap=HeapConfig(max_bytes=1 << 30, policy="lru"))
+    with CacheManager(config) as m:
+        qt = m.quadtree("w", BOUNDS, capacity=4)
+        qt.insert_many([(float(i % 64), float(i * 5 % 64), f"p{i}", float(i)) for i in range(60)])
+        ns = m.namespace("quadtree:w")
+        bad = next(k for k in ns.keys() if ns.get(k)[KIDS] is None)
+        node = ns.get(bad)
+        m.namespace("quadtree:w").put(bad, node[:SIZE] + [1])   # damaged: 1 byte
+    with CacheManager(config) as m:
+        qt = m.quadtree("w", BOUNDS)
+        assert len(qt.points()) == 60
+        heap, ns = m._heap, m.namespace("quadtree:w")
+        charges = {heap.weights[ns._kb(k)] - ns.get(k)[SIZE] - 2 * len(ns._kb(k))
+                   for k in ns.keys() if k != bad}
+        assert charges == {heap.entry_overhead}
+        assert heap.weights[ns._kb(bad)] > 1000
