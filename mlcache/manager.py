@@ -359,6 +359,11 @@ class CacheManager(ReadPath, KeyView):
             # like an eviction: a value changed in place is written, not forgotten
             self._handle_victims(victims)
             self._stats.levels["heap"].evictions["invalidated"] += len(drop)
+            # reads in flight or staged by the prefetcher may predate the other process's
+            # changes: in flight ones are read again or dropped, staged ones are dropped
+            self._wb.forget_reads()
+        if self._prefetcher is not None:
+            self._prefetcher.drop_staged(prefix)
         self._wb.ensure_writers()
         return len(drop)
 

@@ -212,6 +212,15 @@ class WriteBack:
             if old:
                 self._wlog_keys -= len(old)
 
+    def forget_reads(self) -> None:
+        """Lock held: a read that started before now may have seen lower levels another process
+        has since changed (``CacheManager.invalidate_local``). Logged as a write of unknown
+        keys, so such a read is read again (demand) or dropped (prefetch), like one a write
+        of ours overlapped."""
+        self.wseq += 1
+        self._log_write(None)
+        self.wseq += 1
+
     def moved_since(self, seq: int) -> set[bytes] | None:
         """Lock held: every key a write running at or started after ``wseq == seq`` may have
         moved between levels (or deleted), or None if that is not known."""

@@ -564,6 +564,33 @@ def test_staged_reads_never_install_over_newer_writes_or_deletes(tmp_path):
         p.detach(op)
 
 
+def test_invalidate_local_drops_staged_and_in_flight_reads(tmp_path):
+    # Regression: invalidate_local (a partition moved here from another process) forgot the
+    # heap's clean copies but kept the prefetcher's staged reads, so a get installed the value
+    # from before the other process's write.
+    cfg = _disk_config(tmp_path, Delay(0.0), entries=100, hot_threshold=16, fetch_mode="threads")
+    _fill(cfg, [(f"k{i}", i) for i in range(4)])
+    with CacheManager(cfg) as m:
+        p = m._get_prefetcher()
+        op = _Operator()
+        p.attach(op)
+        for i in range(4):
+            m.hint(f"k{i}", i)
+        _wait_idle(p)
+        assert len(p._staged) == 4
+        with m._lock:
+            seq = m._wb.wseq          # as a read starting now would take it
+        with CacheManager(cfg) as other:  # the other process changes the shared level
+            other.put_many((f"k{i}", f"new{i}") for i in range(4))
+            other.checkpoint()
+        m.invalidate_local()
+        assert not p._staged and p.counters["staged_dropped"] == 4
+        with m._lock:
+            assert m._wb.moved_since(seq) is None   # a read from before must not be trusted
+        assert [m.get(f"k{i}") for i in range(4)] == [f"new{i}" for i in range(4)]
+        p.detach(op)
+
+
 def test_get_of_a_staged_key_installs_it_without_io(tmp_path):
     delay = Delay(0.0)
     cfg = _disk_config(tmp_path, delay, entries=100, hot_threshold=16, fetch_mode="threads")
