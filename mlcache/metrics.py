@@ -17,6 +17,7 @@ Families (all prefixed ``mlcache_``; ``level`` is heap, arena, redis or disk)::
     writeback_events_total{event}             write-back counters (dirty flushes, retries, ...)
     prefetch_events_total{event}              hints, prefetched, useful, wasted, late, ...
     prefetch_pending / prefetch_inflight      keys waiting / being fetched
+    prefetch_staged / prefetch_staged_bytes   reads staged by fetch threads, not yet installed
     prefetch_usefulness                       useful / (useful + wasted)
 
 :class:`StatsCollector` takes any function returning ``{source: stats_dict}``, so one exporter can
@@ -37,7 +38,8 @@ _MAX_BUCKET = 26
 
 # Prefetch figures that only ever grow (counters); other numeric ones are gauges.
 _PREFETCH_COUNTERS = ("hints", "sent", "resident", "dropped_hot", "dropped_late", "prefetched",
-                      "useful", "wasted", "late", "failures", "batches", "keys_loaded")
+                      "useful", "wasted", "late", "failures", "batches", "keys_loaded",
+                      "inline_batches", "staged", "staged_dropped")
 
 
 def _num(v: Any) -> float | None:
@@ -95,6 +97,10 @@ class StatsCollector:
         pf = fam(CounterMetricFamily, "prefetch_events", "keyed prefetching counters", ["event"])
         pf_pending = fam(GaugeMetricFamily, "prefetch_pending", "hinted keys waiting", [])
         pf_inflight = fam(GaugeMetricFamily, "prefetch_inflight", "keys being fetched", [])
+        pf_staged = fam(GaugeMetricFamily, "prefetch_staged",
+                        "reads staged by fetch threads, not yet installed", [])
+        pf_staged_b = fam(GaugeMetricFamily, "prefetch_staged_bytes",
+                          "bytes of reads staged by fetch threads", [])
         pf_useful = fam(GaugeMetricFamily, "prefetch_usefulness", "useful / (useful + wasted)",
                         [])
         pf_latency = fam(GaugeMetricFamily, "prefetch_fetch_latency_seconds",
@@ -143,7 +149,8 @@ class StatsCollector:
                 v = _num(pfs.get(event))
                 if v is not None:
                     pf.add_metric([*w, event], v)
-            for family, key in ((pf_pending, "pending"), (pf_inflight, "inflight")):
+            for family, key in ((pf_pending, "pending"), (pf_inflight, "inflight"),
+                                (pf_staged, "staged_now"), (pf_staged_b, "staged_bytes")):
                 v = _num(pfs.get(key))
                 if v is not None:
                     family.add_metric(w, v)
@@ -155,8 +162,8 @@ class StatsCollector:
                     pf_latency.add_metric([*w, {"p50": "0.5", "p99": "0.99"}.get(q, q)],
                                           float(v) / 1000.0)
         yield from (hits, misses, loads, loaded, written, wbytes, evictions, latency, entries,
-                    used, ratio, dirty_n, dirty_b, wb, pf, pf_pending, pf_inflight, pf_useful,
-                    pf_latency)
+                    used, ratio, dirty_n, dirty_b, wb, pf, pf_pending, pf_inflight, pf_staged,
+                    pf_staged_b, pf_useful, pf_latency)
 
 
 def _buckets(counts: Any) -> list[tuple[str, float]] | None:
