@@ -41,6 +41,7 @@ FLOAT_POINT = SLOTS_PER_POINT + 3 * 32   # a point but its data, when x, y and t
 # per character, and that buffer's rounding: 92 + 8 per character; computed from the length,
 # never from sys.getsizeof, so a string weighs the same before and after it was encoded.
 _ASCII, _WIDE, _WIDE_CHAR = 49 + _ROUND, 92 + _ROUND, 8
+ASCII = _ASCII
 _FLAT = frozenset((str, bytes, int, float, bool, type(None)))
 _FLOATS = frozenset((float, type(None)))
 _UNTRACKED = frozenset((bytes, int, float, bool, type(None)))
@@ -146,6 +147,11 @@ def data_size(datas: list) -> int:
         return (_ASCII * len(datas) + sum(map(len, datas))
                 + (_WIDE - _ASCII) * len(wide) + (_WIDE_CHAR - 1) * sum(map(len, wide)))
     return sum(map(_datum, datas))
+
+
+def ascii_strings(datas: list) -> bool:
+    """Whether ``datas`` are all ASCII strings, each weighing ``ASCII + len(d)``."""
+    return set(map(type, datas)) == _STR and all(map(str.isascii, datas))
 
 
 def float_points(recs: list) -> bool:

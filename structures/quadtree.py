@@ -56,10 +56,11 @@ import msgpack
 from mlcache._readpath import MISSING as _MISSING
 
 from ._quadtree_geometry import ANY as _ANY
-from ._quadtree_geometry import (COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS,
+from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS,
                                  ROOT, SIZE, TMIN, X0, X1, Y0, Y1, Point, _check_bounds,
                                  _child_bounds, _min_of, _min_ts, _quadrant, _quadtree_meta,
-                                 _recs, data_size, float_points, node_size, points_size)
+                                 _recs, ascii_strings, data_size, float_points, node_size,
+                                 points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
 from ._quadtree_query import _QuadtreeQueries
 from .base import Cacheable
@@ -178,6 +179,8 @@ class _QuadtreeOps(_QuadtreeQueries):
         # the common batch (float coordinates and times, flat data) is weighed per leaf by its
         # data alone; see _quadtree_geometry.points_size
         fast = sized and float_points(recs)
+        # all ASCII strings (the usual data): a leaf's share weighs _ASCII + len each
+        ascii_data = fast and ascii_strings(datas)
         touched: dict[int, list] = {}
         for nid, node, batch in route:
             touched[nid] = node
@@ -194,6 +197,9 @@ class _QuadtreeOps(_QuadtreeQueries):
             pts.extend(chain.from_iterable(batch))
             if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
                 self._split(node, pts, touched, capacity, max_depth)
+            elif ascii_data:
+                node[SIZE] += ((FLOAT_POINT + ASCII) * len(batch)
+                               + sum(map(len, pts[start + 2::4])))
             elif fast:
                 node[SIZE] += FLOAT_POINT * len(batch) + data_size(pts[start + 2::4])
             elif sized:
