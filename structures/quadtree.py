@@ -204,7 +204,9 @@ class _QuadtreeOps(_QuadtreeQueries):
                 node[SIZE] += FLOAT_POINT * len(batch) + data_size(pts[start + 2::4])
             elif sized:
                 node[SIZE] += points_size(pts[start:])
-        self._keep(list(touched.items()))
+        # deepest first: the heap's recency then favours the upper levels, which every
+        # operation reads, over the leaves a batch touches once
+        self._keep(list(touched.items())[::-1])
         self._meta["len"] += len(recs)
         self._save_meta()
         return len(recs)
