@@ -15,10 +15,18 @@ a hint's time (a hint is a future use) and never a wall clock. A hinted entry ke
 use as its key until an access at or after that time. Ties are broken by arrival order (older first), so with no timestamps at all TAC
 is exactly LRU.
 
-Costs: a binary heap of ``(ts, seq, key)`` with lazy deletion — an access or hint pushes a new
-item and leaves the old one to be discarded when it surfaces; the heap is rebuilt when stale
-items outnumber live ones. O(log n) per operation, amortised. A sorted container would give
-the same bound with a larger constant; the heap needs no dependency.
+Costs: a binary heap of ``(ts, seq, key)`` items, one per resident key, with lazy renewal. A
+timestamp only moves forward, so an entry's item can only be *behind* it (an item sorts at or
+before its entry's true ``(ts, seq)``). An access or hint therefore just updates the entry: O(1),
+no push. When an item surfaces at an eviction (or ``next_victim``) and its entry moved on since,
+it is pushed again with the entry's current ``(ts, seq)``; when it surfaces accurate it sorts
+before every other item, hence before every other entry's true position, and it is the victim.
+Each renewal costs at most one re-push, paid only if the entry reaches the top of the heap,
+so O(log n) per operation, amortised; a key renewed many times between evictions (a hot key, or
+a prefetched key: inserted, hinted with its expected use, used at that time) costs one push, not
+one per renewal (before: three pushes per prefetched key). Items of removed keys are discarded
+as they surface, and the heap is rebuilt when they outnumber live ones. A sorted container would
+give the same bound with a larger constant; the heap needs no dependency.
 
 Weights: ``capacity`` bounds the total weight; eviction pops smallest timestamps until the new
 total fits (possibly the newcomer itself, when it is the oldest — e.g. a stale prefetch).
@@ -39,7 +47,7 @@ class TACPolicy(BasePolicy):
 
     def __init__(self, capacity: int, **options: Any) -> None:
         super().__init__(capacity, **options)
-        self._entries: dict[Hashable, list] = {}  # key -> [ts, seq, weight]
+        self._entries: dict[Hashable, list] = {}  # key -> [ts, seq, weight, seq of its heap item]
         self._heap: list[tuple[float, int, Hashable]] = []
         self._seq = 0
         self._now = float("-inf")
@@ -60,14 +68,35 @@ class TACPolicy(BasePolicy):
 
     def next_victim(self) -> Hashable:
         """The key an eviction would remove now: the smallest timestamp (KeyError if empty)."""
+        key = self._top()
+        if key is None:
+            raise KeyError("empty policy")
+        return key
+
+    def _top(self) -> Hashable | None:
+        """Bring the true minimum to the top of the heap (re-pushing renewed entries, dropping
+        items of removed keys) and return its key, or None if empty."""
         heap, entries = self._heap, self._entries
         while heap:
             ts, seq, key = heap[0]
             entry = entries.get(key)
-            if entry is not None and entry[1] == seq:
+            if entry is None or entry[3] != seq:
+                heapq.heappop(heap)          # the key was removed (or removed and re-inserted)
+            elif entry[1] != seq:            # renewed since pushed: move it to its true place
+                entry[3] = entry[1]
+                heapq.heapreplace(heap, (entry[0], entry[1], key))
+            else:
                 return key
-            heapq.heappop(heap)
-        raise KeyError("empty policy")
+        return None
+
+    def _rebuild(self) -> None:
+        """Drop the items of removed keys: one accurate item per entry."""
+        heap = []
+        for k, e in self._entries.items():
+            e[3] = e[1]
+            heap.append((e[0], e[1], k))
+        heapq.heapify(heap)
+        self._heap = heap
 
     def _time(self, ts: float | None) -> float:
         if ts is None:
@@ -76,14 +105,6 @@ class TACPolicy(BasePolicy):
             self._now = ts
         return ts
 
-    def _push(self, key: Hashable, entry: list) -> None:
-        self._seq += 1
-        entry[1] = self._seq
-        heapq.heappush(self._heap, (entry[0], self._seq, key))
-        if len(self._heap) > 2 * len(self._entries) + 64:
-            self._heap = [(e[0], e[1], k) for k, e in self._entries.items()]
-            heapq.heapify(self._heap)
-
     def _renew(self, key: Hashable, ts: float | None) -> None:
         entry = self._entries.get(key)
         if entry is None:
@@ -91,7 +112,8 @@ class TACPolicy(BasePolicy):
         t = self._time(ts)
         if t >= entry[0]:  # equal times still refresh the arrival order (LRU among ties)
             entry[0] = t
-            self._push(key, entry)
+            self._seq += 1
+            entry[1] = self._seq       # its heap item is now behind it: re-pushed if it surfaces
 
     def access(self, key: Hashable, ts: float | None = None) -> None:
         self._renew(key, ts)
@@ -111,7 +133,8 @@ class TACPolicy(BasePolicy):
         entry = self._entries.get(key)
         if entry is not None and ts > entry[0]:
             entry[0] = ts  # expected use: do not advance "now", it has not happened yet
-            self._push(key, entry)
+            self._seq += 1
+            entry[1] = self._seq
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
         entry = self._entries.get(key)
@@ -120,10 +143,13 @@ class TACPolicy(BasePolicy):
             entry[2] = weight
             self._renew(key, ts)
         else:
-            entry = [self._time(ts), 0, weight]
+            self._seq += 1
+            entry = [self._time(ts), self._seq, weight, self._seq]
             self._entries[key] = entry
             self.total_weight += weight
-            self._push(key, entry)
+            heapq.heappush(self._heap, (entry[0], entry[1], key))
+            if len(self._heap) > 2 * len(self._entries) + 64:
+                self._rebuild()
         return self._evict() if self.total_weight > self.capacity else []
 
     def remove(self, key: Hashable) -> None:
@@ -139,12 +165,11 @@ class TACPolicy(BasePolicy):
     def _evict(self) -> list:
         victims = []
         heap, entries = self._heap, self._entries
-        while self.total_weight > self.capacity and heap:
-            ts, seq, key = heapq.heappop(heap)
-            entry = entries.get(key)
-            if entry is None or entry[1] != seq:
-                continue  # stale: the key was renewed, removed or evicted since
-            del entries[key]
-            self.total_weight -= entry[2]
+        while self.total_weight > self.capacity:
+            key = self._top()
+            if key is None:
+                break
+            heapq.heappop(heap)
+            self.total_weight -= entries.pop(key)[2]
             victims.append(key)
         return victims
