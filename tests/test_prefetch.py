@@ -309,6 +309,41 @@ def test_hot_filter_drops_hints_for_frequent_resident_keys(tmp_path):
             p.close()
 
 
+def test_hot_filter_switches_itself_off_when_it_drops_little_and_stays_on_when_it_works(tmp_path):
+    cfg = _disk_config(tmp_path, None, entries=4000, policy="tac", hot_threshold=3)
+    with CacheManager(cfg) as m:
+        m.put_many((i, i) for i in range(3000))          # resident: every hint is judged
+        kbs = [m._encode_key(i) for i in range(3000)]
+        p = Prefetcher(m)
+        try:
+            p.HOT_WINDOW, p.HOT_WARMUP, p.HOT_OFF_WINDOWS = 64, 2, 10
+            p._hot_tick = 64
+            # every key hinted once: nothing is hot, the filter pays for nothing
+            for i in range(300):
+                assert p.hint(kbs[i], i) == "resident"
+            assert p.stats()["hot_filter"] == "off" and p.counters["hot_filter_off"] == 1
+            sketch_adds = p._filter.sketch.additions + p._filter._npending
+            for i in range(300, 700):                    # off: no sketch work at all
+                p.hint(kbs[i], i)
+            assert p._filter.sketch.additions + p._filter._npending == sketch_adds
+            for i in range(700, 1100):                   # back on for a window, judged again
+                p.hint(kbs[i], i)
+            assert p.counters["hot_filter_off"] == 2
+        finally:
+            p.close()
+        q = Prefetcher(m)
+        try:
+            q.HOT_WINDOW, q.HOT_WARMUP, q.HOT_OFF_WINDOWS = 64, 2, 10
+            q._hot_tick = 64
+            # a few keys hinted over and over: most hints dropped, the filter stays on
+            for i in range(2000):
+                q.hint(kbs[i % 5], i)
+            assert q.stats()["hot_filter"] == "on" and q.counters["hot_filter_off"] == 0
+            assert q.counters["dropped_hot"] > 1900
+        finally:
+            q.close()
+
+
 def test_demand_fetch_has_priority_over_prefetch_batches(tmp_path):
     delay = Delay(0.0)
     cfg = _disk_config(tmp_path, delay, entries=1000, hot_threshold=16)
