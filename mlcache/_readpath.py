@@ -334,19 +334,25 @@ class ReadPath:
             return None
         return origin.get(kb)
 
-    def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
-                 timings: list[tuple], out: dict[bytes, Any], ts: float | None,
-                 prefetch: bool) -> None:
-        """Lock held: keep whatever happened to a key during the read, else admit what we read."""
+    def _count_reads(self, timings: list[tuple], prefetched: int) -> None:
+        """Lock held: per level, one batched read's hits, misses and time (``_read_levels``'
+        timings); ``prefetched``: keys a prefetch found."""
+        levels = self._stats.levels
         for name, elapsed, hits, misses in timings:
-            st = self._stats.levels[name]
+            st = levels[name]
             st.loads += 1
             st.hits += hits
             st.misses += misses
             st.keys_loaded += hits
             st.load_time.record(elapsed)
-        if prefetch:
-            self._stats.prefetch["keys_loaded"] += len(found)
+        if prefetched:
+            self._stats.prefetch["keys_loaded"] += prefetched
+
+    def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
+                 timings: list[tuple], out: dict[bytes, Any], ts: float | None,
+                 prefetch: bool) -> None:
+        """Lock held: keep whatever happened to a key during the read, else admit what we read."""
+        self._count_reads(timings, len(found) if prefetch else 0)
         data, wb = self._data, self._wb
         tombstones = wb.tombstones
         queued = wb.buffer.pending[0] if wb.levels else None

@@ -771,14 +771,7 @@ class Prefetcher:
                     found, timings = m._read_levels(mine)
                     good: dict[bytes, bytes] = {}
                     with m._lock:
-                        for name, elapsed, hits, misses in timings:
-                            st = m._stats.levels[name]
-                            st.loads += 1
-                            st.hits += hits
-                            st.misses += misses
-                            st.keys_loaded += hits
-                            st.load_time.record(elapsed)
-                        m._stats.prefetch["keys_loaded"] += len(found)
+                        m._count_reads(timings, len(found))
                         data, wb = m._data, m._wb
                         tomb = wb.tombstones
                         queued = wb.buffer.pending[0] if wb.levels else None
