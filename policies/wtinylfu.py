@@ -273,23 +273,24 @@ class WTinyLFUPolicy(BasePolicy):
         m = hash((cand, self._seed))
         mask = self._mask
         i = m & mask  # from here on small ints: 64-bit ones are multi-digit PyLongs, slower
-        t = self._table
+        t = self._table  # the sketch's layout: row 0 | row 1 << 4, then row 2 | row 3 << 4
         bar = self._bar - pending.get(cand, 0)  # what the candidate's sketch rows must reach
-        f = (t[i >> 1] >> ((i & 1) << 2)) & 15
+        f = t[i] & 15
         if f >= bar:
             b = ((m >> 32) | 1) & mask  # rows 1-3: Kirsch-Mitzenmacher steps, mod the width
             i = (i + b) & mask
-            c = (t[(i >> 1) + self._row1] >> ((i & 1) << 2)) & 15
+            c = t[i] >> 4
             if c >= bar:
                 if c < f:
                     f = c
+                w = self._width
                 i = (i + b) & mask
-                c = (t[(i >> 1) + self._row2] >> ((i & 1) << 2)) & 15
+                c = t[i + w] & 15
                 if c >= bar:
                     if c < f:
                         f = c
                     i = (i + b) & mask
-                    c = (t[(i >> 1) + self._row3] >> ((i & 1) << 2)) & 15
+                    c = t[i + w] >> 4
                     if c >= bar:
                         return self._settle(cand, victim, c if c < f else f)
         ticks = self._ticks - 1  # the ghosts remember one loss in _SAMPLE
@@ -379,14 +380,13 @@ class WTinyLFUPolicy(BasePolicy):
         m = hash((candidate, self._seed))
         t, mask, w = self._table, self._mask, self._width
         i = m & mask
-        f = (t[i >> 1] >> ((i & 1) << 2)) & 15
+        f = t[i] & 15
         if f < limit and f + vf - limit < _WARM:
             return False
-        b = (m >> 32) | 1
-        for base in (w, 2 * w, 3 * w):
-            m += b
-            i = (m & mask) + base
-            c = (t[i >> 1] >> ((i & 1) << 2)) & 15
+        b = ((m >> 32) | 1) & mask
+        for base, shift in ((0, 4), (w, 0), (w, 4)):  # rows 1-3 (the sketch's nibble layout)
+            i = (i + b) & mask
+            c = (t[i + base] >> shift) & 15
             if c < f:
                 f = c
                 if f < limit and f + vf - limit < _WARM:
@@ -546,8 +546,6 @@ class WTinyLFUPolicy(BasePolicy):
         """Local copies of what an estimate reads (the policy mixes keys, not their hashes)."""
         sk = self.sketch
         self._seed, self._table, self._mask, self._width = sk._seed, sk.table, sk.mask, sk.width
-        # Byte offsets of rows 1-3 in the table (two counters per byte).
-        self._row1, self._row2, self._row3 = sk.width // 2, sk.width, 3 * sk.width // 2
 
     def _freq(self, key: Hashable) -> int:
         f = self.sketch.frequency_of_mixed(hash((key, self._seed))) + self._pending.get(key, 0)

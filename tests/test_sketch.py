@@ -92,3 +92,30 @@ def test_grow_and_clear():
 def test_bad_capacity(capacity):
     with pytest.raises(ConfigError):
         FrequencySketch(capacity)
+
+
+@pytest.mark.parametrize("capacity,batch", [(64, 300), (1000, 2000), (50_000, 200)])
+def test_matches_a_plain_count_min_of_saturating_counters(capacity, batch):
+    # The reference: row r of key x counts at (m + r * b) mod width, m = hash((x, seed)),
+    # b = (m >> 32) | 1, each counter saturating at 15; the estimate is the minimum of the 4.
+    # The table's physical layout (two rows per byte, see _allocate) must not show; the small
+    # table takes the dense numpy pass, the large one (50,000) the sparse one.
+    s = FrequencySketch(capacity, seed=9, sample_factor=10**6)  # no halving in this test
+    ref = [[0] * s.width for _ in range(4)]
+    rng = random.Random(capacity)
+    keys = [rng.randrange(4 * capacity) for _ in range(3 * batch)] + ["k", ("t", 2)] * 20
+    for start in range(0, len(keys), batch):
+        chunk = keys[start:start + batch]
+        counts = collections.Counter(chunk)
+        s.increment_counts(dict(counts))
+        for x, n in counts.items():
+            m = hash((x, s._seed))
+            b = (m >> 32) | 1
+            for r in range(4):
+                i = (m + r * b) & s.mask
+                ref[r][i] = min(15, ref[r][i] + n)
+    for x in set(keys) | {-1, "absent"}:
+        m = hash((x, s._seed))
+        b = (m >> 32) | 1
+        want = min(ref[r][(m + r * b) & s.mask] for r in range(4))
+        assert s.frequency_of_mixed(m) == want
