@@ -41,6 +41,50 @@ import numpy as np
 __all__ = ["FrequencySketch"]
 
 
+# CPython's tuple hash (an xxHash variant, Objects/tupleobject.c) of a 2-tuple, on numpy uint64
+# (which wraps as C's Py_uhash_t does): the drain mixes a batch of keys' own hashes with the
+# seed in a few vectorised operations instead of building and hashing one tuple per key.
+_XXP1, _XXP2, _XXP5 = (np.uint64(11400714785074694791), np.uint64(14029467366897019727),
+                       np.uint64(2870177450012600261))
+_LEN2 = np.uint64(2 ^ (2870177450012600261 ^ 3527539))
+
+
+def _xxround(acc: np.ndarray, lane_p2: np.ndarray | np.uint64) -> np.ndarray:
+    """One round: ``acc += lane * P2; rotate left 31; acc *= P1`` (``lane_p2`` is lane * P2)."""
+    acc += lane_p2
+    acc = (acc << np.uint64(31)) | (acc >> np.uint64(33))
+    acc *= _XXP1
+    return acc
+
+
+def _tuple_hash2(h: np.ndarray, seed: int) -> np.ndarray:
+    """``hash((x, seed))`` for every ``x`` whose ``hash(x)`` is in ``h`` (int64)."""
+    acc = _xxround(np.full(len(h), _XXP5, dtype=np.uint64), h.view(np.uint64) * _XXP2)
+    acc = _xxround(acc, np.uint64((hash(seed) * int(_XXP2)) & 0xFFFFFFFFFFFFFFFF))
+    acc += _LEN2
+    out = acc.view(np.int64)
+    out[out == -1] = 1546275796  # -1 is never a hash
+    return out
+
+
+def _tuple_hash_matches() -> bool:
+    """Does :func:`_tuple_hash2` reproduce this interpreter's tuple hash? (It is CPython's
+    algorithm since 3.8; elsewhere, or if it ever changes, the drain builds tuples.)"""
+    import sys
+
+    if sys.hash_info.width != 64:
+        return False
+    xs = [0, 1, -1, -2, 2**61, -(2**63), "key", b"k", ("t", 1), 3.5, None]
+    for seed in (0, 1, 0x2545F4914F6CDD1D, -12345):
+        h = np.array([hash(x) for x in xs], dtype=np.int64)
+        if _tuple_hash2(h, seed).tolist() != [hash((x, seed)) for x in xs]:
+            return False
+    return True
+
+
+_NP_TUPLE_HASH = _tuple_hash_matches()
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
@@ -155,9 +199,13 @@ class FrequencySketch:
         (building numpy arrays from Python lists was most of a drain's cost).
         """
         n = len(counts)
-        if n:
-            self._apply(np.fromiter(map(hash, zip(counts, repeat(self._seed))), np.int64, n),
-                        np.fromiter(counts.values(), np.int64, n))
+        if not n:
+            return
+        if _NP_TUPLE_HASH:  # the same mixed hashes, vectorised (2x faster than tuples)
+            mixed = _tuple_hash2(np.fromiter(map(hash, counts), np.int64, n), self._seed)
+        else:
+            mixed = np.fromiter(map(hash, zip(counts, repeat(self._seed))), np.int64, n)
+        self._apply(mixed, np.fromiter(counts.values(), np.int64, n))
 
     def increment_mixed(self, mixed: list[int], counts: list[int] | None = None) -> None:
         """:meth:`increment_hashes` for mixed hashes (:meth:`mix`), saturating at 15."""

@@ -119,3 +119,21 @@ def test_matches_a_plain_count_min_of_saturating_counters(capacity, batch):
         b = (m >> 32) | 1
         want = min(ref[r][(m + r * b) & s.mask] for r in range(4))
         assert s.frequency_of_mixed(m) == want
+
+
+def test_vectorised_mixing_is_the_tuple_hash():
+    # The drain mixes keys' own hashes with the seed in numpy; it must give hash((x, seed)),
+    # the value estimates use, or counts would land on other counters.
+    import numpy as np
+
+    from mlcache.sketch import _NP_TUPLE_HASH, _tuple_hash2
+
+    rng = random.Random(4)
+    xs = [rng.getrandbits(64) - 2**63 for _ in range(2000)] + ["a", b"b", ("c", 1), 2.5, -1]
+    for seed in (0, 7, 0x2545F4914F6CDD1D, FrequencySketch(8)._seed):
+        if _NP_TUPLE_HASH:
+            h = np.array([hash(x) for x in xs], dtype=np.int64)
+            assert _tuple_hash2(h, seed).tolist() == [hash((x, seed)) for x in xs]
+        s = FrequencySketch(64, seed=seed)
+        s.increment_counts({x: 2 for x in xs[-5:]})
+        assert all(s.frequency_of_mixed(hash((x, seed))) >= 2 for x in xs[-5:])
