@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
+from .codec import Encoded
 from .errors import CacheError, IntegrityError
 
 __all__ = ["ReadPath", "MISSING", "IMMUTABLE", "Digests", "digest", "same_bytes"]
@@ -31,7 +32,7 @@ def digest(data: bytes) -> int:
 def same_bytes(stored: Any, raw: bytes) -> bool:
     """Whether ``raw`` (a fresh encoding) equals what ``stored`` remembers: the encoding itself
     (compared byte for byte) or its :func:`digest`."""
-    if type(stored) is bytes:
+    if type(stored) is bytes or type(stored) is Encoded:
         return stored == raw
     return bool(digest(raw) == stored)
 
@@ -65,7 +66,10 @@ class Digests:
         if kept and kb in kept:
             self._raw_bytes -= len(kept.pop(kb))
         n = len(raw)
-        if n < _KEEP_RAW_MIN or n > max(self.budget, _KEEP_RAW_MAX) or type(raw) is not bytes:
+        # (an Encoded -- a write-back in pieces read back from the eviction buffer -- is kept
+        # as it is: hashing it would join and hash a large value)
+        if n < _KEEP_RAW_MIN or n > max(self.budget, _KEEP_RAW_MAX) or \
+                (type(raw) is not bytes and type(raw) is not Encoded):
             self._d[kb] = hash(raw)   # digest(raw), inlined: once per key loaded
             return
         self._d[kb] = raw

@@ -486,7 +486,8 @@ class CacheManager(ReadPath, KeyView):
                 raw = enc[1] if enc is not None and enc[0] is value else None
                 if raw is None:
                     try:
-                        raw = self._codec.encode(value)
+                        # leaving the heap, nothing compares it: large bytes stay uncopied
+                        raw = self._codec.encode_parts(value)
                     except SerializationError as exc:
                         self._pin(kb, value, exc)
                         continue

@@ -37,6 +37,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
+from .codec import Encoded
 from .errors import CacheError, LevelUnavailableError
 from .stats import Stats
 
@@ -125,6 +126,14 @@ class EvictionBuffer:
             # a small one rather than keep room for the whole dirty set.
             self.pending[index] = _Pending()
         return out
+
+
+def _joined(items: list[tuple[bytes, Any]]) -> list[tuple[bytes, Any]]:
+    """``items`` with every value in pieces (:class:`~mlcache.codec.Encoded`, a large
+    write-back) joined into bytes, for a level that takes bytes only."""
+    if not any(type(v) is Encoded for _, v in items):
+        return items
+    return [(k, bytes(v) if type(v) is Encoded else v) for k, v in items]
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -350,6 +359,8 @@ class WriteBack:
         while carry and i <= last:
             level = self.levels[i]
             st = self.stats.levels[self.names[i]]
+            if not getattr(level, "accepts_pieces", False):
+                carry = _joined(carry)
             try:
                 victims = level.put_many(carry)
             except Exception:

@@ -35,6 +35,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..codec import Encoded
 from ..config import RedisConfig
 from ..errors import CacheError, CapacityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
@@ -47,6 +48,7 @@ _CHUNK = 1000
 _PAGE = 128
 _USED_TTL = 10.0   # seconds an unbounded level's byte count is reused by stats()
 _READ_SIZE = 1 << 20   # bytes asked of the socket per read (redis-py's default: 64 KiB)
+_DIRECT = 16 * 1024    # a piece of a value this long is sent as it is, not joined to its header
 _GLOB = re.compile(rb"([*?\[\]\\])")
 
 
@@ -70,10 +72,59 @@ def _chunks(seq: Sequence[Any], n: int = _CHUNK) -> Iterator[Sequence[Any]]:
         yield seq[i:i + n]
 
 
+def _mset_packed(pairs: Sequence[tuple[bytes, bytes | Encoded]]) -> list[Any]:
+    """``MSET`` of ``pairs`` in the Redis protocol, as buffers to send one after another:
+    the small pieces joined, every piece of at least ``_DIRECT`` bytes (the payloads of an
+    :class:`~mlcache.codec.Encoded`) a buffer of its own, as it is. redis-py packs a large
+    argument the same way (a separate buffer, not copied); a value in pieces is one argument
+    it cannot express."""
+    out: list[Any] = []
+    small = [b"*%d\r\n$4\r\nMSET\r\n" % (2 * len(pairs) + 1)]
+    for key, value in pairs:
+        small.append(b"$%d\r\n%b\r\n$%d\r\n" % (len(key), key, len(value)))
+        for part in (value.parts if type(value) is Encoded else (value,)):
+            if len(part) >= _DIRECT:
+                out.append(b"".join(small))
+                out.append(part)
+                small = []
+            else:
+                small.append(part)
+        small.append(b"\r\n")
+    out.append(b"".join(small))
+    return out
+
+
+def _send_packed(client: redis.Redis, buffers: list[Any], replies: int) -> None:
+    """Send commands already in the Redis protocol on one pooled connection (pipelined) and
+    read their ``replies``; a command's error is raised once every reply has been read, so
+    the connection stays in step. A broken connection is dropped (redis-py's own
+    ``send_packed_command`` and ``read_response`` disconnect on socket errors), and the
+    caller's retry takes a fresh one."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    error: Exception | None = None
+    try:
+        conn.send_packed_command(buffers)
+        for _ in range(replies):
+            try:
+                conn.read_response()
+            except redis.ResponseError as exc:
+                error = error or exc
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    if error is not None:
+        raise error
+
+
 class RedisLevel:
     """A byte level on a Redis server (``url="embedded"``: a private server for this level)."""
 
     shared = True
+    # put_many takes values in pieces (mlcache.codec.Encoded) and sends them without joining
+    accepts_pieces = True
 
     def __init__(self, config: RedisConfig | None = None) -> None:
         self.config = config or RedisConfig()
@@ -160,7 +211,10 @@ class RedisLevel:
                         f"attempts: {exc}", level=self.name) from exc
                 time.sleep(min(0.2, 0.01 * (2 ** attempt)))
             except redis.ResponseError as exc:
-                if str(exc).startswith("OOM"):
+                # redis-py maps the server's "OOM ..." reply to OutOfMemoryError and strips
+                # the code from the message (the prefix test alone never matched)
+                if isinstance(exc, redis.exceptions.OutOfMemoryError) or \
+                        str(exc).startswith("OOM"):
                     raise CapacityError(f"redis level at {_safe_url(self.url)}: {op}: {exc}",
                                         level=self.name) from exc
                 raise LevelUnavailableError(f"redis level at {_safe_url(self.url)}: {op}: {exc}",
@@ -197,9 +251,22 @@ class RedisLevel:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> Victims:
+    def put_many(self, items: Sequence[tuple[bytes, bytes | Encoded]]) -> Victims:
+        if self.max_bytes is None and any(type(v) is Encoded for _, v in items):
+            # values in pieces (a large write-back): sent as they are, never joined
+            pieces = {bytes(k): v for k, v in items}
+
+            def go_pieces(client: redis.Redis) -> Victims:
+                full = [(self.prefix + k, v) for k, v in pieces.items()]
+                commands = [_mset_packed(chunk) for chunk in _chunks(full, _CHUNK)]
+                _send_packed(client, [c for command in commands for c in command],
+                             len(commands))
+                return []
+
+            return self._run("put", go_pieces)
         batch: dict[bytes, bytes] = {}
         for key, value in items:
+            # (an Encoded value is joined here: a bounded level reads the sizes it replaces)
             batch[bytes(key)] = value if type(value) is bytes else bytes(value)
         if not batch:
             return []

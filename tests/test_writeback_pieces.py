@@ -1,0 +1,269 @@
+"""Large write-backs in pieces: ``Codec.encode_parts`` references the value's large bytes
+instead of copying them, the Redis level sends the pieces as they are, every other consumer
+sees the same bytes ``Codec.encode`` gives (joined), signatures included."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import redis
+from hypothesis import given, settings, strategies as st
+
+from mlcache import CacheConfig, CacheManager
+from mlcache.codec import Codec, Encoded
+from mlcache.config import DiskConfig, HeapConfig, RedisConfig
+from mlcache.errors import CapacityError, IntegrityError, LevelUnavailableError
+from mlcache.levels import redis as redis_level
+from mlcache.levels.redis import RedisLevel
+
+KEY = b"k" * 32
+BIG = [os.urandom(300_000), os.urandom(70_000), os.urandom(1 << 20)]
+small = st.one_of(st.none(), st.integers(), st.text(max_size=6), st.binary(max_size=6),
+                  st.tuples(st.integers(), st.text(max_size=3)),
+                  st.frozensets(st.integers(), max_size=3))
+blob = st.sampled_from(BIG)
+item = st.one_of(small, blob)
+values = st.one_of(
+    blob,
+    st.dictionaries(st.one_of(st.text(max_size=5), st.integers(), st.tuples(st.integers())),
+                    item, max_size=6),
+    st.lists(item, max_size=6),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=values, signed=st.booleans())
+def test_encode_parts_joined_is_exactly_encode(value, signed):
+    codec = Codec(KEY if signed else None)
+    got = codec.encode_parts(value)
+    want = codec.encode(value)
+    assert bytes(got) == want and len(got) == len(want)
+    assert got == want
+    assert codec.decode(got) == codec.decode(want) == value
+    if type(got) is Encoded:
+        assert hash(got) == hash(want)
+
+
+def test_large_bytes_are_referenced_not_copied():
+    big = BIG[2]
+    value = {"id": 1, "payload": big, "n": 2.5}
+    enc = Codec().encode_parts(value)
+    assert type(enc) is Encoded
+    assert any(part is big for part in enc.parts)
+    assert any(part is big for part in Codec().encode_parts(big).parts)
+    # small values, or values whose large bytes are not at the top, are plain bytes
+    assert type(Codec().encode_parts({"payload": b"x" * 100})) is bytes
+    assert type(Codec().encode_parts({"inner": {"payload": big}})) is bytes
+    # a bytearray is mutable: copied, as encode does
+    assert type(Codec().encode_parts({"payload": bytearray(big)})) is bytes
+
+
+def test_signed_pieces_are_verified_and_tampering_is_caught():
+    codec = Codec(KEY)
+    enc = codec.encode_parts({"payload": BIG[0], "x": 1})
+    assert type(enc) is Encoded
+    assert codec.decode(enc) == {"payload": BIG[0], "x": 1}
+    tampered = bytearray(bytes(enc))
+    tampered[-5] ^= 1
+    with pytest.raises(IntegrityError):
+        codec.decode(bytes(tampered))
+    with pytest.raises(IntegrityError):
+        Codec(b"another key" * 3).decode(enc)
+    unsigned = Codec().encode_parts({"payload": BIG[0]})
+    with pytest.raises(IntegrityError):
+        codec.decode(unsigned)
+
+
+def test_a_codec_subclass_keeps_its_own_encoding():
+    class Upper(Codec):
+        def dumps(self, value):
+            fmt, payload = super().dumps(value)
+            return fmt, bytes(payload)
+
+    codec = Upper()
+    got = codec.encode_parts({"payload": BIG[0]})
+    assert type(got) is bytes and got == codec.encode({"payload": BIG[0]})
+
+
+def test_unencodable_values_fail_as_encode_does():
+    class Thing:
+        def __reduce__(self):
+            raise TypeError("nope")
+
+    codec = Codec()
+    from mlcache.errors import SerializationError
+
+    with pytest.raises(SerializationError):
+        codec.encode_parts({"payload": BIG[0], "x": Thing()})
+    # pickle fallback (a set of unhashable-in-msgpack keys is fine; a dataclass is not msgpack)
+    import dataclasses
+
+    @dataclasses.dataclass
+    class P:
+        blob: bytes
+
+    value = {"payload": BIG[0], "p": P(b"1")}
+    assert bytes(codec.encode_parts(value)) == codec.encode(value)
+    assert codec.decode(codec.encode_parts(value)) == value
+
+
+# -- the Redis level -----------------------------------------------------------------------------
+
+def _level(url: str, **kw) -> RedisLevel:
+    return RedisLevel(RedisConfig(url=url, prefix=f"pieces-{uuid.uuid4().hex[:8]}", **kw))
+
+
+def test_redis_level_writes_pieces_and_bytes_in_one_batch(redis_url, monkeypatch):
+    codec = Codec()
+    level = _level(redis_url)
+    items = [(b"a", codec.encode_parts({"payload": BIG[0], "i": 1})), (b"b", b"plain"),
+             (b"c", codec.encode_parts(BIG[2])), (b"a", codec.encode_parts([BIG[1], BIG[0]]))]
+    assert level.put_many(items) == []
+    got = level.get_many([b"a", b"b", b"c"])
+    assert got == [bytes(items[3][1]), b"plain", bytes(items[2][1])]
+    assert codec.decode(got[0]) == [BIG[1], BIG[0]]
+    # several MSET commands pipelined on one connection, every reply read
+    monkeypatch.setattr(redis_level, "_CHUNK", 2)
+    many = [(b"m%d" % i, codec.encode_parts({"payload": BIG[i % 2], "i": i})) for i in range(5)]
+    assert level.put_many(many) == []
+    assert level.get_many([k for k, _ in many]) == [bytes(v) for _, v in many]
+    assert level.used_bytes() == sum(len(v) for v in level.get_many([b"a", b"b", b"c"])) + \
+        sum(len(v) for _, v in many)
+    level.close()
+
+
+def test_bounded_redis_level_takes_pieces_joined(redis_url):
+    codec = Codec()
+    level = _level(redis_url, max_bytes=500_000)
+    enc = codec.encode_parts({"payload": BIG[0]})
+    assert level.put_many([(b"x", enc)]) == []
+    victims = level.put_many([(b"y", codec.encode_parts({"payload": BIG[0], "y": 1}))])
+    assert [k for k, _ in victims] == [b"x"] and victims[0][1] == bytes(enc)
+    assert level.used_bytes() <= 500_000
+    level.close()
+
+
+def test_redis_down_with_pieces_is_level_unavailable():
+    level = RedisLevel(RedisConfig(url="redis://127.0.0.1:1/0", retries=1))
+    with pytest.raises(LevelUnavailableError) as info:
+        level.put_many([(b"k", Codec().encode_parts(BIG[0]))])
+    assert info.value.retryable
+    level.close()
+
+
+def test_error_replies_leave_the_connection_in_step(monkeypatch):
+    from mlcache._redis_server import RedisServer
+
+    server = RedisServer().start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        level = RedisLevel(RedisConfig(url=server.url, prefix="oom", max_connections=1))
+        codec = Codec()
+        monkeypatch.setattr(redis_level, "_CHUNK", 1)
+        items = [(b"a", codec.encode_parts(BIG[0])), (b"b", codec.encode_parts(BIG[1]))]
+        client.config_set("maxmemory", 1)     # every write refused: two error replies
+        with pytest.raises(CapacityError):
+            level.put_many(items)
+        client.config_set("maxmemory", 0)
+        # the one pooled connection read both replies: the next commands answer in order
+        assert level.get_many([b"a", b"b"]) == [None, None]
+        assert level.put_many(items) == []
+        assert level.get_many([b"a", b"b"]) == [bytes(items[0][1]), bytes(items[1][1])]
+        level.close()
+        client.close()
+    finally:
+        server.cleanup()
+
+
+# -- through the manager -------------------------------------------------------------------------
+
+def _objects(n: int) -> dict[int, dict]:
+    return {i: {"id": i, "updates": 0, "payload": os.urandom(300_000)} for i in range(n)}
+
+
+def _exercise(config: CacheConfig, n: int = 8) -> None:
+    objs = _objects(n)
+    with CacheManager(config) as m:
+        for i, obj in objs.items():
+            m.put(i, obj)
+        for round_ in range(3):
+            for i in range(n):
+                obj = m.get(i)
+                assert obj["payload"] == objs[i]["payload"]
+                obj["updates"] += 1
+                m.put(i, obj)
+        stats = m.stats()
+        assert stats["levels"]["heap"]["evictions"]["dirty"] > 0
+    with CacheManager(config) as m:
+        for i in range(n):
+            got = m.get(i)
+            assert got["updates"] == 3 and got["payload"] == objs[i]["payload"]
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_manager_heap_to_redis_large_dirty_victims(redis_url, signed):
+    config = CacheConfig(heap=HeapConfig(max_bytes=1_500_000),
+                         levels=(RedisConfig(url=redis_url, prefix=uuid.uuid4().hex[:8]),),
+                         signing_key=KEY if signed else None)
+    _exercise(config)
+
+
+def test_manager_heap_to_disk_gets_joined_bytes(tmp_path):
+    config = CacheConfig(heap=HeapConfig(max_bytes=1_500_000),
+                         levels=(DiskConfig(path=str(tmp_path / "d")),))
+    _exercise(config)
+
+
+def test_manager_bounded_redis_cascades_pieces_to_disk(redis_url, tmp_path):
+    config = CacheConfig(heap=HeapConfig(max_bytes=1_500_000),
+                         levels=(RedisConfig(url=redis_url, prefix=uuid.uuid4().hex[:8],
+                                             max_bytes=1_000_000),
+                                 DiskConfig(path=str(tmp_path / "d"))))
+    _exercise(config)
+
+
+def test_eviction_buffer_hit_on_a_value_in_pieces(redis_url):
+    """A key read back while its write-back (in pieces) is still queued: the right value, and
+    mutation tracking compares against the pieces, so an unchanged value evicts clean."""
+    config = CacheConfig(heap=HeapConfig(max_bytes=1_000_000, policy="lru"),
+                         levels=(RedisConfig(url=redis_url, prefix=uuid.uuid4().hex[:8]),))
+    objs = _objects(3)
+    with CacheManager(config) as m:
+        with m._wb.io_lock:                  # no write can run: evictions stay queued
+            for i in range(3):
+                m.put(i, objs[i])            # the third evicts the first (dirty), in pieces
+            queued = m._wb.buffer.pending[0]
+            assert [type(v) for v in queued.values()] == [Encoded]
+            assert list(queued) == [m._kb(0)]
+            assert m.get(0) == objs[0]       # from the buffer (evicts 1, queued too)
+            assert m.stats()["writeback"]["buffer_hits"] == 1
+            assert type(m._digests.get(m._kb(0))) is Encoded   # kept, not hashed
+        m.flush()
+        clean = m.stats()["levels"]["heap"]["evictions"].get("clean", 0)
+        for i in (1, 2, 1, 2):
+            m.get(i)                         # 0 leaves again, unchanged: clean
+        assert m._kb(0) not in m._data
+        assert m.stats()["levels"]["heap"]["evictions"].get("clean", 0) > clean
+        assert m.stats()["writeback"].get("mutations_detected", 0) == 0
+        assert m.get(0) == objs[0]
+
+
+def test_out_of_memory_reply_is_a_capacity_error(redis_url):
+    """Regression: redis-py raises OutOfMemoryError without the "OOM" code in its message,
+    so a full server surfaced as LevelUnavailableError (retryable) instead of CapacityError."""
+    from mlcache._redis_server import RedisServer
+
+    server = RedisServer().start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        level = RedisLevel(RedisConfig(url=server.url, prefix="oom-plain"))
+        client.config_set("maxmemory", 1)
+        with pytest.raises(CapacityError):
+            level.put_many([(b"k", b"v")])
+        client.config_set("maxmemory", 0)
+        assert level.put_many([(b"k", b"v")]) == []
+        level.close()
+        client.close()
+    finally:
+        server.cleanup()
