@@ -1,6 +1,7 @@
 """User keys -> canonical byte keys under a namespace prefix, memoised for the hit path."""
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Hashable
 
 import msgpack
@@ -13,6 +14,7 @@ _SIMPLE_KEYS = frozenset((str, int, bytes))
 _MEMO_MAX = 1 << 16
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1   # what msgpack packs as a plain int
 _packb = msgpack.packb
+_chain = chain.from_iterable
 
 
 def _flat(key: tuple) -> bool:
@@ -28,6 +30,9 @@ def _flat(key: tuple) -> bool:
 # msgpack ext headers for type _TUPLE by payload length: fixext 1/2/4/8/16, else ext 8/16/32
 _FIXEXT = {n: bytes((code, _TUPLE)) for n, code in ((1, 0xD4), (2, 0xD5), (4, 0xD6), (8, 0xD7),
                                                      (16, 0xD8))}
+# ... and every header up to 255 bytes of payload (ext 8 beyond the fixext sizes), by length
+_EXT_HEADS = {n: _FIXEXT.get(n) or bytes((0xC7, n, _TUPLE)) for n in range(1, 0x100)}
+_TUPLE_KIND = {tuple}
 
 
 def _encode(key: Any, flat: bool) -> bytes:
@@ -98,8 +103,15 @@ class KeyView:
         return kb
 
     def _kbs(self, keys: list[Any]) -> list[bytes]:
-        """``[self._kb(key) for key in keys]``, with the memo lookup and a flat tuple's
-        encoding inlined (a batched miss encodes every key of the batch)."""
+        """``[self._kb(key) for key in keys]``, for a batch (a batched miss encodes every key
+        of it). A batch of one kind of key -- all plain str/int/bytes, or all flat tuples of
+        them -- is checked, looked up in the memo and encoded with a few C-level calls over
+        the whole batch (``_kbs_flat``: ~0.3 us a cold key instead of ~1 us); others key by key.
+        """
+        if len(keys) > 1:
+            kbs = self._kbs_flat(keys)
+            if kbs is not None:
+                return kbs
         memo = self._memo
         get = memo.get
         kb_of = self._kb
@@ -123,6 +135,47 @@ class KeyView:
                 kb = kb_of(key)
             append(kb)
         return out
+
+    def _kbs_flat(self, keys: list[Any]) -> list[bytes] | None:
+        """The byte keys of a batch whose keys are all exact str/int/bytes, or all tuples of
+        exact str/int/bytes, or None (then key by key). The types are checked over the whole
+        batch before the memo is read (an equal key of another type, ``(1.0,)`` for ``(1,)``,
+        must still be refused); ints outside msgpack's 64-bit range make the packer raise
+        OverflowError and send the batch the slow way (``keys.encode_key`` writes them as an
+        ext type)."""
+        kinds = set(map(type, keys))
+        if kinds <= _SIMPLE_KEYS:
+            tuples = False
+        elif kinds == _TUPLE_KIND and set(map(type, _chain(keys))) <= _SIMPLE_KEYS:
+            tuples = True
+        else:
+            return None
+        memo = self._memo
+        kbs = list(map(memo.get, keys))
+        n = kbs.count(None)
+        if not n:
+            return kbs
+        cold = keys if n == len(keys) else [k for k, kb in zip(keys, kbs) if kb is None]
+        # a packer per batch (its buffer is not shared between threads); tuples pack as
+        # msgpack arrays, as ``_encode`` packs them
+        pack = msgpack.Packer(use_bin_type=True).pack
+        prefix = self._prefix
+        try:
+            if tuples:
+                heads = _EXT_HEADS
+                new = [prefix + heads[len(body)] + body for body in map(pack, cold)]
+            else:
+                new = list(map(prefix.__add__, map(pack, cold)))
+        except (OverflowError, KeyError):   # a big int; a tuple encoding of 256+ bytes
+            return None
+        if n <= self._memo_max:
+            if len(memo) + n > self._memo_max:
+                memo.clear()
+            memo.update(zip(cold, new))
+        if n == len(keys):
+            return new
+        it = iter(new)
+        return [kb if kb is not None else next(it) for kb in kbs]
 
     def _encode_key(self, key: Hashable) -> bytes:
         return self._kb(key)
