@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from ._keyview import KeyView
-from ._readpath import MISSING
+from ._readpath import MISSING, found_by_key
 from .config import CacheConfig
 from .keys import namespace_prefix
 
@@ -42,8 +42,7 @@ class Namespace(KeyView):
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
         keys = list(keys)
         kbs = self._kbs(keys)
-        found = self.manager._load_into_heap(kbs, ts)
-        return {key: found[kb] for key, kb in zip(keys, kbs) if kb in found}
+        return found_by_key(keys, kbs, self.manager._load_into_heap(kbs, ts))
 
     def put(self, key: Any, value: Any, *, ts: float | None = None) -> None:
         self.manager._put_items([(key, self._kb(key), value)], ts)

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Iterator
 from .codec import Encoded
 from .errors import CacheError, IntegrityError
 
-__all__ = ["ReadPath", "MISSING", "IMMUTABLE", "Digests", "digest", "same_bytes"]
+__all__ = ["ReadPath", "MISSING", "IMMUTABLE", "Digests", "digest", "found_by_key",
+           "same_bytes"]
 
 MISSING: Any = object()
 IMMUTABLE = frozenset((str, bytes, int, float, bool, type(None), complex))
@@ -109,6 +110,35 @@ class Digests:
         self._raw_bytes = 0
 
 
+def _clear(keys: list[bytes], tombstones: set[bytes], queued: dict[bytes, bytes] | None,
+           loading: dict[bytes, Any] | None = None) -> bool:
+    """No key of ``keys`` is tombstoned, queued in the eviction buffer or (with ``loading``)
+    being read by another thread: set operations over the batch, not a loop per key."""
+    return ((not tombstones or tombstones.isdisjoint(keys))
+            and (not queued or queued.keys().isdisjoint(keys))
+            and (not loading or loading.keys().isdisjoint(keys)))
+
+
+def _unmark(keys: list[bytes], load: "_Load", loading: dict[bytes, Any]) -> None:
+    """Lock held: drop the in-flight markers ``load`` set for ``keys`` (a marker another
+    reader put in its place stays)."""
+    if len(loading) == len(keys) and list(loading.values()).count(load) == len(keys):
+        loading.clear()    # only ours: the usual case, without a loop per key
+        return
+    pop = loading.pop
+    for kb in keys:
+        other = pop(kb, load)
+        if other is not load:   # another reader's marker: keep it
+            loading[kb] = other
+
+
+def found_by_key(keys: list[Any], kbs: list[bytes], found: dict[bytes, Any]) -> dict:
+    """What ``get_many(keys)`` returns: ``found`` (by byte key) by the caller's keys."""
+    if len(found) == len(kbs):   # every key found, none twice: C-level
+        return dict(zip(keys, map(found.__getitem__, kbs)))
+    return {key: found[kb] for key, kb in zip(keys, kbs) if kb in found}
+
+
 class _Load:
     """A fetch in flight for some keys; others wanting them wait on ``done``."""
 
@@ -164,7 +194,13 @@ class ReadPath:
                 data, wb, loading = self._data, self._wb, self._loading
                 tombstones = wb.tombstones
                 queued = wb.buffer.pending[0] if wb.levels else None
-                # Per key only dict and set lookups: this loop runs for every key of a batch.
+                if (data.keys().isdisjoint(todo) and _clear(todo, tombstones, queued, loading)):
+                    # The usual batched miss: no key resident, deleted, queued or being read
+                    # by another thread; checked with C-level set operations over the batch.
+                    mine = todo
+                    misses = len(todo)
+                    todo = ()
+                # Else per key, only dict and set lookups: this loop runs for every key.
                 for kb in todo:
                     value = data.get(kb, MISSING)
                     if value is not MISSING:
@@ -205,15 +241,13 @@ class ReadPath:
                     loading.update(dict.fromkeys(mine, load))
                     seq = wb.wseq
             if mine:
+                cleared = False
                 try:
-                    self._read_lower(mine, out, ts, prefetch, seq)
+                    cleared = self._read_lower(mine, out, ts, prefetch, seq, load, loading)
                 finally:
-                    with self._lock:
-                        pop = loading.pop
-                        for kb in mine:
-                            other = pop(kb, load)
-                            if other is not load:   # another reader's marker: keep it
-                                loading[kb] = other
+                    if not cleared:
+                        with self._lock:
+                            _unmark(mine, load, loading)
                     load.done.set()
             for w in waits:
                 w.done.wait()
@@ -226,10 +260,14 @@ class ReadPath:
         return out
 
     def _read_lower(self, keys: list[bytes], out: dict[bytes, Any], ts: float | None,
-                    prefetch: bool, seq: int | None = None) -> None:
+                    prefetch: bool, seq: int | None = None, load: _Load | None = None,
+                    loading: dict[bytes, _Load] | None = None) -> bool:
         """Read ``keys`` from the byte levels, then resolve and insert under the lock.
 
-        ``seq`` is ``wseq`` as it was (lock held) before the read, when the caller took it."""
+        ``seq`` is ``wseq`` as it was (lock held) before the read, when the caller took it.
+        ``load``: the caller's in-flight marker of ``keys`` in ``loading``; when no write
+        overlapped the read, the markers are cleared under the same lock as the insert and
+        True is returned (else the caller clears them)."""
         wb = self._wb
         if seq is None:
             with self._lock:
@@ -238,8 +276,11 @@ class ReadPath:
         decoded = self._decode_all(found)
         with self._lock:
             if wb.wseq == seq and seq % 2 == 0:
-                self._resolve(keys, found, decoded, timings, out, ts, prefetch)
-                return
+                self._resolve(keys, found, decoded, timings, out, ts, prefetch, True)
+                if load is not None:
+                    _unmark(keys, load, loading)
+                    return True
+                return False
             # A write overlapped the read. Only the keys it moved can have been between two
             # levels (or half deleted) while we read them; the others read exactly.
             moved = wb.moved_since(seq)
@@ -257,7 +298,8 @@ class ReadPath:
             found, timings = self._read_levels(keys, origin)
             decoded = self._decode_all(found, origin)
             with self._lock:
-                self._resolve(keys, found, decoded, timings, out, ts, prefetch)
+                self._resolve(keys, found, decoded, timings, out, ts, prefetch, True)
+        return False
 
     def _read_levels(self, keys: list[bytes], origin: dict[bytes, str] | None = None
                      ) -> tuple[dict[bytes, bytes], list[tuple]]:
@@ -292,8 +334,14 @@ class ReadPath:
             elapsed = time.perf_counter() - t0
             before = len(found)
             # batch-level comprehensions, not a Python loop with a branch per key
-            hits = {kb: raw for kb, raw in zip(remaining, values) if raw is not None}
-            found.update(hits)
+            if None in values:
+                hits = {kb: raw for kb, raw in zip(remaining, values) if raw is not None}
+            else:
+                hits = dict(zip(remaining, values))
+            if found:
+                found.update(hits)
+            else:
+                found = hits
             if origin is not None:
                 origin.update(dict.fromkeys(hits, self._level_names[i]))
             n_hits = len(found) - before
@@ -354,12 +402,19 @@ class ReadPath:
 
     def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
                  timings: list[tuple], out: dict[bytes, Any], ts: float | None,
-                 prefetch: bool) -> None:
-        """Lock held: keep whatever happened to a key during the read, else admit what we read."""
+                 prefetch: bool, whole: bool = False) -> None:
+        """Lock held: keep whatever happened to a key during the read, else admit what we read.
+        ``whole``: ``found`` holds only keys of ``keys``."""
         self._count_reads(timings, len(found) if prefetch else 0)
         data, wb = self._data, self._wb
         tombstones = wb.tombstones
         queued = wb.buffer.pending[0] if wb.levels else None
+        if whole and data.keys().isdisjoint(keys) and _clear(keys, tombstones, queued):
+            # Nothing happened to any key while it was read (the usual case), checked over
+            # the batch with set operations: everything found goes in, as one batch.
+            if found:
+                self._admit_batch(found, decoded, out, ts)
+            return
         admit = self._admit
         batch: list[tuple[bytes, Any, bytes]] = []
         for kb in keys:
@@ -420,6 +475,48 @@ class ReadPath:
             self._handed.update([kb for kb, _, _ in items])
         if victims_all:
             self._handle_victims(victims_all)
+
+    def _admit_batch(self, found: dict[bytes, bytes], decoded: dict[bytes, Any],
+                     out: dict[bytes, Any], ts: float | None) -> None:
+        """Lock held: insert a batch read from below (``found``: key -> encoding, ``decoded``:
+        key -> value, same keys), none of it resident, deleted or queued; each into ``out``.
+        :meth:`_admit_many` with the per-key work done over the batch: the mutation digests
+        in one ``dict.update`` (all values mutable, all encodings small: the usual case),
+        one heap insert, the victims handled together."""
+        heap = self._heap
+        kbs = list(found)
+        values = list(map(decoded.__getitem__, kbs))
+        if heap is None:
+            out.update(zip(kbs, values))
+            return
+        raws = list(found.values())
+        sizes = list(map(len, raws))
+        track = self._track
+        digests = self._digests
+        if track:
+            if (not digests._raw and max(sizes) < _KEEP_RAW_MIN
+                    and IMMUTABLE.isdisjoint(map(type, values))):
+                digests._d.update(zip(kbs, map(hash, raws)))   # Digests.remember, inlined
+            else:
+                remember = digests.remember
+                immutable = IMMUTABLE
+                for kb, value, raw in zip(kbs, values, raws):
+                    if type(value) not in immutable:
+                        remember(kb, raw)
+        weights = (list(map(self._weight_of, kbs, values)) if self._weighers else None)
+        victims, refused = heap.insert_many(kbs, values, sizes, ts=ts, weights=weights)
+        out.update(zip(kbs, values))
+        if track:
+            # before the victims: an entry of this batch evicted by a later one is forgotten
+            self._handed.update(kbs)
+        if refused:
+            # not admitted: just decoded, so unchanged; nothing to check or write
+            pop = digests.pop
+            for kb in refused:
+                pop(kb, None)
+            self._stats.levels["heap"].evictions["not_admitted"] += len(refused)
+        if victims:
+            self._handle_victims(victims)
 
     def _weight_of(self, kb: bytes, value: Any) -> int | None:
         """The weight a structure keeps in a value it reads back (see ``_weigh_with``), or

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ._keyview import KeyView
 from ._namespace import Namespace
 from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as _digest,
-                        same_bytes)
+                        found_by_key, same_bytes)
 from .codec import Codec
 from .config import CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
@@ -334,8 +334,7 @@ class CacheManager(ReadPath, KeyView):
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
         keys = list(keys)
         kbs = self._kbs(keys)
-        found = self._load_into_heap(kbs, ts)
-        return {key: found[k] for key, k in zip(keys, kbs) if k in found}
+        return found_by_key(keys, kbs, self._load_into_heap(kbs, ts))
 
     def _resident(self, key_bytes: bytes) -> bool:
         return key_bytes in self._data

@@ -219,6 +219,83 @@ class WTinyLFUPolicy(BasePolicy):
             self._victim = _NOKEY
         return self._add(key, weight)
 
+    def insert_many(self, keys: list, ts: float | None = None) -> list:
+        """``insert(key, 1, ts)`` for each of ``keys`` (distinct) in order; all the victims.
+
+        A batch read from a lower level. While the batch fits without an eviction -- unit
+        weights, none of its keys resident or in a ghost, ``capacity`` not reached -- a miss
+        only counts the key, enters the window and pushes the window's LRU entry to probation,
+        so the batch does that with C-level calls over runs of keys, stopping at each
+        ``_tick`` exactly where a key-by-key insert would. Else key by key.
+        """
+        n = len(keys)
+        window, prob = self._window, self._probation
+        if (not self._unit or self._steady or self.total_weight + n > self.capacity
+                or not window.keys().isdisjoint(keys) or not prob.keys().isdisjoint(keys)
+                or not self._protected.keys().isdisjoint(keys)
+                or not self._wghost.keys().isdisjoint(keys)
+                or not self._mghost.keys().isdisjoint(keys) or len(set(keys)) != n):
+            lost: list = []
+            insert = self.insert
+            for key in keys:
+                out = insert(key, 1, ts)
+                if out:
+                    lost.extend(out)
+            return lost
+        pending = self._pending
+        i = 0
+        while i < n:
+            countdown = self._countdown
+            j = i + countdown
+            if j > n:
+                chunk = keys[i:]
+                _count_elements(pending, chunk)
+                self._countdown = countdown - len(chunk)
+                self._enter(chunk)
+                break
+            # the countdown ends at keys[j - 1]: ticks after its count, before it enters
+            _count_elements(pending, keys[i:j])
+            if j - 1 > i:
+                self._enter(keys[i:j - 1])
+            self._countdown = 0
+            self._tick()
+            self._enter(keys[j - 1:j])
+            i = j
+        self._steady = (self.total_weight == self.capacity
+                        and self._wsize <= self._window_max < self._wsize + 1)
+        self._victim = _NOKEY
+        return []
+
+    def _enter(self, keys: list) -> None:
+        """:meth:`_add` (counted already) of absent unit-weight keys that fit: each enters the
+        window and the window's LRU entries beyond its target go to probation."""
+        window, prob = self._window, self._probation
+        k = len(keys)
+        self.total_weight += k
+        wsize = self._wsize + k
+        keep = int(self._window_max)   # the window's target (>= 1) in unit entries
+        move = wsize - keep
+        if move <= 0:
+            window.update(dict.fromkeys(keys, 1))
+            self._wsize = wsize
+            return
+        self._fold()   # as _evict does before moving anything
+        old = len(window)
+        if move >= old:
+            # the whole window and the batch's first keys go to probation, in order
+            prob.update(window)
+            window.clear()
+            prob.update(dict.fromkeys(keys[:move - old], 1))
+            window.update(dict.fromkeys(keys[move - old:], 1))
+        else:
+            window.update(dict.fromkeys(keys, 1))
+            pop = window.popitem
+            for _ in range(move):
+                key, w = pop(False)
+                prob[key] = w
+        self._wsize = wsize - move
+        self._psize += move
+
     def remove(self, key: Hashable) -> None:
         self._fold()
         for seg in (self._window, self._probation, self._protected):

@@ -248,6 +248,58 @@ class HeapLevel:
                 victims.extend(self._take(extra))
         return victims
 
+    def insert_many(self, keys: list[bytes], values: list[Any], sizes: list[int | None], *,
+                    ts: float | None = None, weights: list[int | None] | None = None,
+                    ) -> tuple[list[tuple[bytes, Any, bool]], list[bytes]]:
+        """Insert a batch of clean entries (values just read from a lower level), distinct keys,
+        as :meth:`insert` would one by one; return ``(victims, refused)``: ``refused`` lists
+        the keys of the batch that did not stay (the policy declined them, or a later key of
+        the batch pushed them out: unchanged either way), ``victims`` the other entries that
+        left, as :meth:`insert` gives them.
+
+        With a heap bounded by entry count (every weight 1) and no key of the batch resident,
+        the entries go in with two ``dict.update`` calls and the policy takes the keys in one
+        ``insert_many`` call when it has one (W-TinyLFU), else key by key.
+        """
+        data = self.data
+        lost: list[tuple[bytes, Any, bool]]
+        if self.by_bytes or self.entry_overhead or not data.keys().isdisjoint(keys):
+            lost = []
+            insert = self.insert
+            for i, (key, value, size) in enumerate(zip(keys, values, sizes)):
+                out = insert(key, value, dirty=False, size=size, ts=ts,
+                             weight=None if weights is None else weights[i])
+                if out:
+                    lost.extend(out)
+        else:
+            if len(keys) != len(values):
+                raise ValueError("insert_many: as many values as keys")
+            # Absent keys are neither pinned nor dirty, and weigh 1 (no byte bound).
+            data.update(zip(keys, values))
+            self.weights.update(dict.fromkeys(keys, 1))
+            self.tracked_weight += len(keys)
+            policy = self.policy
+            batch = getattr(policy, "insert_many", None)
+            if batch is not None:
+                lost_keys = batch(keys, ts)
+            else:
+                insert = policy.insert
+                lost_keys = []
+                for key in keys:
+                    out = insert(key, 1, ts)
+                    if out:
+                        lost_keys.extend(out)
+            if not lost_keys:
+                return [], []
+            lost = self._take(lost_keys)
+        if not lost:
+            return [], []
+        mine = dict.fromkeys(keys)
+        refused = [k for k, _, _ in lost if k in mine]
+        if refused:
+            lost = [v for v in lost if v[0] not in mine]
+        return lost, refused
+
     def _take(self, keys: list[Hashable]) -> list[tuple[bytes, Any, bool]]:
         out = []
         data, dirty, weights = self.data, self.dirty, self.weights
