@@ -49,11 +49,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import msgpack
 
 from mlcache._readpath import MISSING as _MISSING
+from mlcache.levels.heap import _alloc
 
 from ._quadtree_geometry import ANY as _ANY
 from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS,
@@ -196,7 +198,7 @@ class _QuadtreeOps(_QuadtreeQueries):
             start = len(pts)
             pts.extend(chain.from_iterable(batch))
             if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
-                self._split(node, pts, touched, capacity, max_depth)
+                self._split(nid, node, pts, touched, capacity, max_depth)
             elif ascii_data:
                 node[SIZE] += ((FLOAT_POINT + ASCII) * len(batch)
                                + sum(map(len, pts[start + 2::4])))
@@ -211,12 +213,16 @@ class _QuadtreeOps(_QuadtreeQueries):
         self._save_meta()
         return len(recs)
 
-    def _split(self, node: list, pts: list, touched: dict[int, list], capacity: int,
-               max_depth: int) -> None:
+    def _kid_ids(self, nid: int) -> list[int]:
+        """Ids for the four children of node ``nid`` (being split): the next four."""
         first = self._meta["next"]
         self._meta["next"] = first + 4
+        return [first, first + 1, first + 2, first + 3]
+
+    def _split(self, nid: int, node: list, pts: list, touched: dict[int, list], capacity: int,
+               max_depth: int) -> None:
+        kids = self._kid_ids(nid)
         self._meta["nodes"] += 4
-        kids = [first, first + 1, first + 2, first + 3]
         parts: list[list] = [[], [], [], []]
         for rec in _recs(pts):
             parts[_quadrant(node, rec[0], rec[1])].extend(rec)
@@ -232,7 +238,7 @@ class _QuadtreeOps(_QuadtreeQueries):
                      _min_of(part[3::4]), 0]
             touched[kids[q]] = child
             if len(part) > 4 * capacity and child[DEPTH] < max_depth:
-                self._split(child, part, touched, capacity, max_depth)
+                self._split(kids[q], child, part, touched, capacity, max_depth)
             else:
                 child[PTS] = part
                 if sized:
@@ -437,11 +443,16 @@ class _QuadtreeOps(_QuadtreeQueries):
 class CacheableQuadtree(_QuadtreeOps, Cacheable):
     """A quadtree whose nodes live in the cache levels.
 
-    Open with ``manager.quadtree(name, bounds=(x0, y0, x1, y1), capacity=32, max_depth=16)``;
-    reopening by name needs no bounds (given ones must match)."""
+    Open with ``manager.quadtree(name, bounds=(x0, y0, x1, y1), capacity=32, max_depth=16,
+    page_levels=3)``; reopening by name needs no options (given ones must match).
+
+    ``page_levels``: how many tree levels one cache entry (a *page*) holds: a group of four
+    sibling nodes and their descendants ``page_levels - 1`` levels down (the root page: the
+    root and ``page_levels - 1`` levels); ``None`` stores one node per entry, the layout of
+    DEBS'22 and of trees made by earlier versions (which keep it when reopened)."""
 
     kind = "quadtree"
-    __slots__ = ()
+    __slots__ = ("_held",)
     _sized = True
     _memo_keys = False   # node keys come from _kbs
 
@@ -452,7 +463,12 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
         weigh_with = getattr(manager, "_weigh_with", None)
         if weigh_with is not None:
             weigh_with(f"{cls.kind}:", _loaded_size)
-        return super().open(manager, name, **options)
+        tree = super().open(manager, name, **options)
+        try:
+            tree._held
+        except AttributeError:
+            tree._held = None
+        return tree
 
     # The node store goes to the manager's batched primitives (the ones its Namespace calls)
     # with byte keys made here: a Namespace call would build its own (key, bytes) pairs and
@@ -468,6 +484,8 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             return [prefix + _id_key(nid) for nid in ids]
 
     def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        if self._meta.get("page_levels"):
+            return self._page_nodes(ids)
         ids = list(ids)
         values = self._manager._get_kbs(self._kbs(ids))
         out = dict(zip(ids, values))
@@ -480,16 +498,138 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
         return out
 
     def _node(self, nid: int) -> list | None:
+        if self._meta.get("page_levels"):
+            return self._page_nodes((nid,)).get(nid)
         node = self._manager._get_kb(self._ns._prefix + _id_key(nid), None, None)
         return node if node is None or type(node) is list else _upgrade(node)
 
     def _keep(self, items: list[tuple[int, list]]) -> None:
+        if self._meta.get("page_levels"):
+            pages: dict[int, list] = {}
+            for nid, node in items:
+                pid = nid >> _PAGE_SHIFT
+                page = pages.get(pid)
+                if page is None:
+                    page = pages[pid] = self._page(pid)
+                page[nid & _SLOT] = node
+            self._put_pages(pages)
+            return
         kbs = self._kbs([nid for nid, _ in items])
         self._manager._put_items([(nid, kb, node) for (nid, node), kb in zip(items, kbs)],
                                  None, [node[SIZE] for _, node in items])
 
     def _forget(self, ids: Iterable[int]) -> None:
+        if self._meta.get("page_levels"):
+            pages: dict[int, list] = {}
+            for nid in ids:
+                pid = nid >> _PAGE_SHIFT
+                page = pages.get(pid)
+                if page is None:
+                    page = pages[pid] = self._page(pid)
+                page[nid & _SLOT] = None
+            empty = [pid for pid, page in pages.items() if not any(page)]
+            for pid in empty:
+                del pages[pid]
+            if pages:
+                self._put_pages(pages)
+            if empty:
+                self._manager._delete_kbs(self._kbs(empty))
+            return
         self._manager._delete_kbs(self._kbs(ids))
+
+    # -- pages -------------------------------------------------------------------------------
+    # A node's id is its page's number shifted left by _PAGE_SHIFT plus its slot in the page:
+    # slots 0-3 hold a group of four siblings (the root page: the root alone, in slot 0), and
+    # the children of the node in slot s take slots 4s+4 .. 4s+7 while that stays inside the
+    # page's ``page_levels`` levels; deeper children start a page of their own. Slots are
+    # fixed by the shape, so a split finds its children's ids without reading anything, and a
+    # page is a list of that many slots, None where no node is. Pages are numbered in order
+    # of creation (``meta["next"]``), page 0 is the root's.
+
+    def _kid_ids(self, nid: int) -> list[int]:
+        levels = self._meta.get("page_levels")
+        if not levels:
+            return super()._kid_ids(nid)
+        slot = nid & _SLOT
+        if slot < _PAGE_INNER[levels]:
+            first = nid - slot + 4 * slot + 4
+        else:
+            pid = self._meta["next"]
+            self._meta["next"] = pid + 1
+            if self._held is not None:
+                self._held[pid] = None   # known absent: no read for it
+            first = pid << _PAGE_SHIFT
+        return [first, first + 1, first + 2, first + 3]
+
+    def _page_nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        ids = list(ids)
+        pids = list(dict.fromkeys([nid >> _PAGE_SHIFT for nid in ids]))
+        values = self._manager._get_kbs(self._kbs(pids))
+        held = self._held
+        pages = {}
+        for pid, page in zip(pids, values):
+            if page is _MISSING:
+                page = None
+            if held is not None:
+                page = held.setdefault(pid, page)
+            if page is not None:
+                pages[pid] = page
+        out = {}
+        for nid in ids:
+            page = pages.get(nid >> _PAGE_SHIFT)
+            if page is not None:
+                node = page[nid & _SLOT]
+                if node is not None:
+                    out[nid] = node
+        return out
+
+    def _page(self, pid: int) -> list:
+        """Page ``pid`` to change: the object this operation read (an operation changes the
+        pages it read, never copies it reads again), else read now, else a new empty one."""
+        held = self._held
+        if held is not None and pid in held:
+            page = held[pid]
+        else:
+            page = self._manager._get_kbs(self._kbs((pid,)))[0]
+            if page is _MISSING:
+                page = None
+        if page is None:
+            page = [None] * _PAGE_LEN[self._meta["page_levels"]]
+        if held is not None:
+            held[pid] = page
+        return page
+
+    def _put_pages(self, pages: dict[int, list]) -> None:
+        pids = list(pages)
+        head = _PAGE_HEAD[len(pages[pids[0]])]
+        self._manager._put_items(
+            [(pid, kb, page) for (pid, page), kb in zip(pages.items(), self._kbs(pids))],
+            None, [head + sum(map(_size_of, filter(None, page))) for page in pages.values()])
+
+    def _holding(self, op: Callable[..., Any], *args: Any) -> Any:
+        """Run a changing operation holding the pages it reads, so that its changes go into
+        those very objects (see ``_page``); queries hold nothing."""
+        if self._held is not None or not self._meta.get("page_levels"):
+            return op(*args)
+        self._held = {}
+        try:
+            return op(*args)
+        finally:
+            self._held = None
+
+    def insert_many(self, points: Iterable[Any]) -> int:
+        return self._holding(super().insert_many, points)
+
+    def remove(self, x: float, y: float, data: Any = _ANY) -> Point:
+        return self._holding(super().remove, x, y, data)
+
+    def _prune(self, drop: Callable[[list], bool], t: float | None) -> int:
+        return self._holding(super()._prune, drop, t)
+
+    def clear(self) -> None:
+        return self._holding(super().clear)
+
+    # -- the rest ----------------------------------------------------------------------------
 
     @staticmethod
     def _nests(datas: list) -> bool:
@@ -500,27 +640,48 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
         _NODE_CODEC.encode(values)
 
     def _new_meta(self, bounds: Any = None, capacity: int = 32,  # type: ignore[override]
-                  max_depth: int = 16) -> dict[str, Any]:
-        return _quadtree_meta(bounds, capacity, max_depth)
+                  max_depth: int = 16, page_levels: int | None = 3) -> dict[str, Any]:
+        meta = _quadtree_meta(bounds, capacity, max_depth)
+        if page_levels is not None:
+            if isinstance(page_levels, bool) or page_levels not in _PAGE_LEN:
+                raise ValueError(f"page_levels must be None or an integer from 1 to "
+                                 f"{max(_PAGE_LEN)}, got {page_levels!r}")
+            meta["page_levels"] = page_levels
+        return meta
 
     def _check_meta(self, meta: dict[str, Any], bounds: Any = None,  # type: ignore[override]
-                    capacity: int | None = None, max_depth: int | None = None) -> None:
+                    capacity: int | None = None, max_depth: int | None = None,
+                    page_levels: Any = _ANY) -> None:
         super()._check_meta(meta)
         if bounds is not None and _check_bounds(bounds) != list(meta["bounds"]):
             raise ValueError(f"quadtree {self._name!r} exists with bounds "
                              f"{tuple(meta['bounds'])}, not {tuple(bounds)}")
+        if page_levels is not _ANY and page_levels != meta.get("page_levels"):
+            raise ValueError(f"quadtree {self._name!r} exists with page_levels="
+                             f"{meta.get('page_levels')!r}, not {page_levels!r}")
 
     def drop(self) -> None:
-        # Node ids are handed out in order, so every node that ever existed is below
-        # ``next``: delete them blindly rather than list the namespace, which scans every
-        # level (a Redis SCAN over the whole key space) on each roll of a window.
-        self._forget(range(int(self._meta.get("next", 1))))
+        # Node (or page) ids are handed out in order, so every entry that ever existed is
+        # below ``next``: delete them blindly rather than list the namespace, which scans
+        # every level (a Redis SCAN over the whole key space) on each roll of a window.
+        self._manager._delete_kbs(self._kbs(range(int(self._meta.get("next", 1)))))
         self._metans.delete((self.kind, self._name))
         self._meta = self._empty_meta()
 
     def __repr__(self) -> str:
         return (f"<CacheableQuadtree {self._name!r} len={self._meta.get('len', 0)} "
                 f"bounds={tuple(self._meta.get('bounds', ()))}>")
+
+
+_PAGE_SHIFT = 9
+_SLOT = (1 << _PAGE_SHIFT) - 1
+# per page_levels: the slots of a page (4 + 16 + ...) and the first slot whose children
+# start a page of their own
+_PAGE_LEN = {k: sum(4 ** (i + 1) for i in range(k)) for k in (1, 2, 3, 4)}
+_PAGE_INNER = {k: _PAGE_LEN[k] - 4 ** k for k in _PAGE_LEN}
+# the memory of a page's list of slots (the nodes are charged their own sizes)
+_PAGE_HEAD = {n: 64 + _alloc(8 * n) for n in _PAGE_LEN.values()}
+_size_of = itemgetter(SIZE)
 
 
 # msgpack of the node ids 0, 1, 2, ...: a node's key is its tree's prefix and this (what
@@ -541,11 +702,27 @@ def _id_key(nid: int) -> bytes:
     return msgpack.packb(nid)
 
 
-def _loaded_size(node: Any) -> int | None:
-    """The size a node read back from a level carries, if it is plausible: an inner node's is
-    fixed, a leaf's at least what its points take with the smallest data (a wrong one from a
-    damaged entry would otherwise let the heap hold more than its budget); else None, and the
-    heap weighs the node itself."""
+def _loaded_size(value: Any) -> int | None:
+    """The size a node or a page read back from a level carries, if it is plausible: an
+    inner node's is fixed, a leaf's at least what its points take with the smallest data (a
+    wrong one from a damaged entry would otherwise let the heap hold more than its budget), a
+    page's its slots' and its nodes'; else None, and the heap weighs the value itself."""
+    if type(value) is not list:
+        return None
+    head = _PAGE_HEAD.get(len(value))
+    if head is None or type(value[0]) is float:   # a node (a page's slot 0 is one or None)
+        return _node_loaded_size(value)
+    total = head
+    for node in value:
+        if node is not None:
+            size = _node_loaded_size(node)
+            if size is None:
+                return None
+            total += size
+    return total
+
+
+def _node_loaded_size(node: Any) -> int | None:
     if type(node) is not list or len(node) != 10 or type(node[SIZE]) is not int:
         return None
     if node[KIDS] is not None:

@@ -21,6 +21,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, rule,
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
 from mlcache.structures import CacheableList, CacheableSet, PlainQuadtree
 from mlcache.structures._quadtree_geometry import KIDS, NODE_CODEC, SIZE
+from mlcache.structures.quadtree import _loaded_size
 
 from _structures_support import LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, tiny_config
 
@@ -141,6 +142,33 @@ def test_quadtree_matches_brute_force(level_kind, request):
     redis_url = request.getfixturevalue("redis_url") if level_kind == "redis-disk" else None
     run_state_machine_as_test(machine_for(QuadtreeMachine, level_kind, redis_url),
                               settings=MACHINE_SETTINGS)
+
+
+@pytest.mark.parametrize("page_levels", [None, 1, 2, 4])
+def test_quadtree_matches_brute_force_in_every_page_layout(page_levels):
+    """One node per entry (``page_levels=None``, DEBS'22's layout) and pages of 1, 2 or 4
+    levels (the default, 3, runs above): splits inside a page, into a page of their own,
+    merges that empty a page, over a heap that evicts nearly every step."""
+    cls = type(f"QuadtreeMachine_pages_{page_levels}", (QuadtreeMachine,), {
+        "open_structure": lambda self, m: m.quadtree("qt", BOUNDS, capacity=2, max_depth=5,
+                                                     page_levels=page_levels)})
+    run_state_machine_as_test(machine_for(cls, "disk", None), settings=MACHINE_SETTINGS)
+
+
+def test_page_levels_is_checked_and_kept_on_reopen(tmp_path):
+    config = tiny_config("disk", str(tmp_path / "d"), None)
+    with CacheManager(config) as m:
+        for bad in (0, 5, True, "3"):
+            with pytest.raises(ValueError, match="page_levels"):
+                m.quadtree(f"bad{bad}", BOUNDS, page_levels=bad)
+        m.quadtree("two", BOUNDS, capacity=2, page_levels=2).insert_many(
+            [(float(i), float(i), i) for i in range(50)])
+    with CacheManager(config) as m:
+        qt = m.quadtree("two", BOUNDS)
+        assert qt._meta["page_levels"] == 2 and len(qt.points()) == 50 and qt.verify() > 5
+    with CacheManager(config) as m:
+        with pytest.raises(ValueError, match="page_levels"):
+            m.quadtree("two", BOUNDS, page_levels=3)
 
 
 def test_plain_quadtree_is_the_same_algorithm():
@@ -266,23 +294,35 @@ SIZED_POINTS = st.tuples(st.one_of(st.floats(0, 64), st.integers(0, 64)),
 
 
 @settings(max_examples=15, deadline=None)
-@given(batches=st.lists(st.lists(SIZED_POINTS, max_size=40), min_size=1, max_size=5))
-def test_node_size_bounds_the_memory_of_live_and_reloaded_nodes(batches, tmp_path_factory):
+@given(batches=st.lists(st.lists(SIZED_POINTS, max_size=40), min_size=1, max_size=5),
+       page_levels=st.sampled_from([None, 1, 2, 3]))
+def test_node_size_bounds_the_memory_of_live_and_reloaded_nodes(batches, page_levels,
+                                                                tmp_path_factory):
     """``size`` (what the heap is charged) covers every object a node holds, as allocated,
     both for the live nodes the tree built and for nodes decoded after a reopen; and it
-    stays within a small factor of it, so the budget is not wasted."""
+    stays within a small factor of it, so the budget is not wasted. A page (several nodes in
+    one entry) is charged its list of slots and its nodes' sizes, which covers it too."""
     config = replace(tiny_config("disk", str(tmp_path_factory.mktemp("d")), None),
                      heap=HeapConfig(max_bytes=1 << 30, policy="lru"))
     for reopen in (False, True):
         with CacheManager(config) as m:
-            qt = m.quadtree("sized", BOUNDS, capacity=4, max_depth=6)
+            qt = m.quadtree("sized", BOUNDS, capacity=4, max_depth=6, page_levels=page_levels)
             if not reopen:
                 for batch in batches:
                     qt.insert_many(batch)
             qt.verify()   # every node's size is the one computed from scratch
-            nodes = _node_entries(m, "sized")
-            assert nodes or not any(batches)
-            for node in nodes.values():
+            entries = _node_entries(m, "sized")
+            assert entries or not any(batches)
+            nodes = list(entries.values())
+            if page_levels is not None:
+                heap, ns = m._heap, m.namespace("quadtree:sized")
+                nodes = []
+                for k, page in entries.items():
+                    charged = heap.weights[ns._kb(k)] - heap.entry_overhead - 2 * len(ns._kb(k))
+                    assert _deep_alloc(page, set()) <= charged, (page, charged)
+                    assert charged == _loaded_size(page)
+                    nodes.extend(node for node in page if node is not None)
+            for node in nodes:
                 held = _deep_alloc(node, set())
                 assert held <= node[SIZE], (held, node[SIZE], node)
                 assert node[SIZE] <= 3 * held + 400, (held, node[SIZE])
@@ -309,7 +349,7 @@ def test_quadtree_matches_brute_force_on_a_byte_bounded_heap():
 def test_a_node_stored_as_a_blob_by_an_earlier_version_is_read_and_rewritten(tmp_path):
     config = tiny_config("disk", str(tmp_path / "d"), None)
     with CacheManager(config) as m:
-        qt = m.quadtree("old", BOUNDS, capacity=4)
+        qt = m.quadtree("old", BOUNDS, capacity=4, page_levels=None)   # as earlier versions
         qt.insert_many([(1.0, 1.0, "a", 1.0), (50.0, 50.0, "b", 2.0)])
         ns = m.namespace("quadtree:old")
         root = ns.get(0)
@@ -345,7 +385,7 @@ def test_nodes_loaded_from_a_level_are_weighed_by_their_size(tmp_path):
     config = replace(tiny_config("disk", str(tmp_path / "d"), None),
                      heap=HeapConfig(max_bytes=1 << 30, policy="lru"))
     with CacheManager(config) as m:
-        qt = m.quadtree("w", BOUNDS, capacity=4)
+        qt = m.quadtree("w", BOUNDS, capacity=4, page_levels=None)
         qt.insert_many([(float(i % 64), float(i * 5 % 64), f"p{i}", float(i)) for i in range(60)])
         ns = m.namespace("quadtree:w")
         bad = next(k for k in ns.keys() if ns.get(k)[KIDS] is None)
@@ -359,3 +399,74 @@ def test_nodes_loaded_from_a_level_are_weighed_by_their_size(tmp_path):
                    for k in ns.keys() if k != bad}
         assert charges == {heap.entry_overhead}
         assert heap.weights[ns._kb(bad)] > 1000
+
+
+def test_pages_loaded_from_a_level_are_weighed_by_their_slots_and_nodes(tmp_path):
+    """In the page layout an entry holds several nodes: read back, it is charged its list of
+    slots and the sizes its nodes carry; a page holding a damaged node is weighed by the heap."""
+    config = replace(tiny_config("disk", str(tmp_path / "d"), None),
+                     heap=HeapConfig(max_bytes=1 << 30, policy="lru"))
+    with CacheManager(config) as m:
+        qt = m.quadtree("p", BOUNDS, capacity=4, page_levels=2)
+        qt.insert_many([(float(i % 64), float(i * 5 % 64), f"p{i}", float(i)) for i in range(200)])
+        ns = m.namespace("quadtree:p")
+        pages = {k: ns.get(k) for k in ns.keys()}
+        assert len(pages) > 2 and all(len(page) == 20 for page in pages.values())
+        assert sum(node is not None for page in pages.values() for node in page) == qt.node_count
+        bad = max(pages)
+        page = [None if n is None else list(n) for n in pages[bad]]
+        leaf = next(n for n in page if n is not None and n[KIDS] is None)
+        leaf[SIZE] = 1   # damaged
+        ns.put(bad, page)
+    with CacheManager(config) as m:
+        qt = m.quadtree("p", BOUNDS)
+        assert len(qt.points()) == 200
+        heap, ns = m._heap, m.namespace("quadtree:p")
+        for k in ns.keys():
+            kb = ns._kb(k)
+            charged = heap.weights[kb] - heap.entry_overhead - 2 * len(kb)
+            if k == bad:
+                assert _loaded_size(ns.get(k)) is None and charged > 1000
+            else:
+                assert charged == _loaded_size(ns.get(k)) > 0
+
+
+@pytest.mark.parametrize("page_levels", [None, 1, 3])
+def test_a_failing_level_leaves_the_tree_as_it_was(tmp_path, page_levels):
+    """Every node an insert, remove or prune changes is read before any is changed, so a
+    level failing on a read midway leaves the heap's nodes (or pages) as they were."""
+    from mlcache.errors import CacheError
+
+    config = replace(tiny_config("disk", str(tmp_path / "d"), None),
+                     heap=HeapConfig(max_entries=3, max_bytes=None, policy="lru"))
+    with CacheManager(config) as m:
+        qt = m.quadtree("f", BOUNDS, capacity=2, max_depth=5, page_levels=page_levels)
+        pts = [(float(i * 7 % 64), float(i * 13 % 64), i, float(i)) for i in range(40)]
+        qt.insert_many(pts)
+        level = m._levels[0]
+        real = level.get_many
+
+        def broken(keys):
+            raise CacheError("level down")
+
+        new = [(1.0, 2.0, "x", 1.0), (60.0, 60.0, "y", 2.0)]
+        failed = 0
+        for op, after in ((lambda: qt.insert_many(new), sorted(pts + new)),
+                          (lambda: qt.remove(*pts[5][:2]), sorted(pts[:5] + pts[6:])),
+                          (lambda: qt.prune_older(20.0), [p for p in sorted(pts) if p[3] >= 20])):
+            m.flush()   # the evicted nodes are on the level only
+            level.get_many = broken
+            try:
+                op()
+            except CacheError:
+                failed += 1
+            finally:
+                level.get_many = real
+            qt.verify()
+            assert as_tuples(qt) == sorted(pts)
+            op()   # and with the level back it works
+            qt.verify()
+            assert as_tuples(qt) == after
+            qt.clear()
+            qt.insert_many(pts)
+        assert failed == 3
