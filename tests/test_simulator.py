@@ -169,3 +169,21 @@ def test_simulate_command_reports_bad_input(tmp_path, capsys):
     assert simulate_main(["--trace", f"lirs:{path}", "--sizes", "5", "--policies", "nope",
                           "--skip-bad-lines", "--no-progress"]) == 2
     assert "registered" in capsys.readouterr().err
+
+
+def test_phase_spec_builds_a_b_a_capped_at_requests(tmp_path, capsys):
+    from mlcache.sim.cli import load_trace
+
+    a = _write(tmp_path / "a.lirs", "\n".join(str(k) for k in range(10)))
+    b = _write(tmp_path / "b.lirs", "\n".join(str(k) for k in range(100, 120)))
+    t = load_trace(f"phase:lirs:{a},lirs:{b}", requests=5)
+    assert t.keys == [0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 0, 1, 2, 3, 4]
+    full = load_trace(f"phase:lirs:{a},gen:loop", requests=30)
+    assert full.keys[:10] == list(range(10)) and len(full) == 10 + 30 + 10
+    for bad in (f"phase:lirs:{a}", f"phase:lirs:{a},", "phase:"):
+        with pytest.raises(ConfigError):
+            load_trace(bad)
+    rc = simulate_main(["--trace", f"phase:lirs:{a},lirs:{b}", "--policies", "lru",
+                        "--sizes", "5", "--no-progress", "--no-plot",
+                        "--csv", str(tmp_path / "p.csv")])
+    assert rc == 0 and "a-b-a: 40 requests" in capsys.readouterr().out

@@ -5,7 +5,9 @@
 
 ``--trace`` is ``FORMAT:PATH`` (``arc``, ``lirs``, ``keys``, ``csv``; gzip is detected) or
 ``gen:NAME`` for a synthetic trace (``zipf``, ``scrambled-zipf``, ``hotspot``, ``loop``,
-``scan``, ``shifting``; ``--requests`` sets the length). Prints a table of hit %, evictions and
+``scan``, ``shifting``; ``--requests`` sets the length), or ``phase:SPEC_A,SPEC_B`` for Caffeine's
+corda -> loop -> corda style phase change built from any two of those (``A, B, A``; each part is
+its first ``--requests`` requests). Prints a table of hit %, evictions and
 time per (policy, size), writes the rows as CSV and a PNG plot of hit ratio against size
 (matplotlib, headless), and shows a progress bar (tqdm) over all the requests to replay.
 """
@@ -37,6 +39,15 @@ _GENERATORS = {
 
 def load_trace(spec: str, *, skip_bad_lines: bool = False, requests: int = 1_000_000) -> Trace:
     fmt, sep, rest = spec.partition(":")
+    if sep and fmt == "phase":
+        parts = rest.split(",")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError("trace", f"expected phase:SPEC_A,SPEC_B, got {spec!r}")
+        a, b = (load_trace(part, skip_bad_lines=skip_bad_lines, requests=requests)
+                for part in parts)
+        for part in (a, b):  # each phase is at most `requests` long, like a generated trace
+            part.keys = part.keys[:requests]  # (phase_change keeps keys only)
+        return generators.phase_change(a, b)
     if sep and fmt == "gen":
         if rest not in _GENERATORS:
             raise ConfigError("trace", f"unknown generator {rest!r}; known: {sorted(_GENERATORS)}")
@@ -123,7 +134,8 @@ def _plot(path: str, trace: Trace, results: list[SimResult]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlcache simulate", description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", required=True, help="FORMAT:PATH or gen:NAME")
+    parser.add_argument("--trace", required=True,
+                        help="FORMAT:PATH, gen:NAME or phase:SPEC_A,SPEC_B")
     parser.add_argument("--policies", default="lru,clock,wtinylfu,tac,belady",
                         help="comma-separated registered policy names")
     parser.add_argument("--sizes", default="250,500,1000", help="comma-separated cache sizes")
