@@ -133,6 +133,38 @@ def test_redis_level_writes_pieces_and_bytes_in_one_batch(redis_url, monkeypatch
     level.close()
 
 
+def test_gathering_writes_resume_after_partial_sends(monkeypatch):
+    """More buffers than one sendmsg takes, into a socket with little room (real sockets, a
+    reader on the other end): every byte goes out once, in order."""
+    import socket
+    import threading
+
+    monkeypatch.setattr(redis_level, "_IOV", 3)
+    buffers = [b"head", BIG[2], b"", b"mid", BIG[0], memoryview(BIG[1])[5:], b"tail"]
+    want = b"".join(bytes(b) for b in buffers)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.settimeout(5.0)
+    got = bytearray()
+
+    def read():
+        while len(got) < len(want):
+            chunk = b.recv(1 << 16)
+            if not chunk:
+                break
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        redis_level._sendmsg_all(a, buffers)
+        reader.join(10)
+    finally:
+        a.close()
+        b.close()
+    assert bytes(got) == want
+
+
 def test_bounded_redis_level_takes_pieces_joined(redis_url):
     codec = Codec()
     level = _level(redis_url, max_bytes=500_000)
