@@ -140,12 +140,31 @@ def found_by_key(keys: list[Any], kbs: list[bytes], found: dict[bytes, Any]) -> 
 
 
 class _Load:
-    """A fetch in flight for some keys; others wanting them wait on ``done``."""
+    """A fetch in flight for some keys; others wanting them wait on ``done``.
 
-    __slots__ = ("done",)
+    The event is made on first use (an Event is a Condition and a lock: ~5-15 us here, per
+    batch, and most batches have nobody waiting). A reader that finds the marker takes
+    ``done`` while it holds the manager's lock; the loader removes its markers under that
+    lock before it calls :meth:`finish`, so it sees every event a waiter took (and when none
+    was, nobody can wait any more)."""
+
+    __slots__ = ("_done",)
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self._done: threading.Event | None = None
+
+    @property
+    def done(self) -> threading.Event:
+        event = self._done
+        if event is None:
+            event = self._done = threading.Event()
+        return event
+
+    def finish(self) -> None:
+        """The fetch is over (its markers removed): wake the waiters, if any."""
+        event = self._done
+        if event is not None:
+            event.set()
 
 
 class ReadPath:
@@ -184,7 +203,7 @@ class ReadPath:
         while todo:
             rounds += 1
             mine: list[bytes] = []
-            waits: list[_Load] = []
+            waits: list[threading.Event] = []
             retry: list[bytes] = []
             misses = 0
             with self._lock:
@@ -221,7 +240,7 @@ class ReadPath:
                             if prefetch:
                                 continue
                             if rounds < 3:
-                                waits.append(load)
+                                waits.append(load.done)   # under the lock: see _Load
                                 retry.append(kb)
                                 continue
                             # Still loading after two waits: read it ourselves, don't spin.
@@ -248,9 +267,9 @@ class ReadPath:
                     if not cleared:
                         with self._lock:
                             _unmark(mine, load, loading)
-                    load.done.set()
-            for w in waits:
-                w.done.wait()
+                    load.finish()
+            for event in waits:
+                event.wait()
             todo = retry
         # A read may push dirty victims into the buffer but never waits for room there (and
         # never fails because a write failed): back-pressure is for puts.
