@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from mlcache.config import HeapConfig
 from mlcache.levels.heap import HeapLevel
-from policies.wtinylfu import WTinyLFUPolicy
+from mlcache.policies.wtinylfu import WTinyLFUPolicy
 
 
 def _state(p: WTinyLFUPolicy) -> tuple:
