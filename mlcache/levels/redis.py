@@ -163,6 +163,33 @@ def _send_packed(client: redis.Redis, buffers: list[Any], replies: int) -> None:
         raise error
 
 
+def _mget_packed(keys: Sequence[bytes]) -> bytes:
+    """``MGET`` of ``keys`` in the Redis protocol: one ``%`` format per key and a join (redis-py's
+    ``pack_command`` checks, encodes and measures each argument in Python: ~0.4 us a key,
+    this ~0.1, measured on MGETs of 100)."""
+    return b"*%d\r\n$4\r\nMGET\r\n%b" % (
+        len(keys) + 1, b"".join([b"$%d\r\n%b\r\n" % (len(k), k) for k in keys]))
+
+
+def _request(client: redis.Redis, command: bytes) -> Any:
+    """Send one command already in the Redis protocol on a pooled connection and read its
+    reply (redis-py's parser; an error reply raises). A connection that failed mid-way is
+    dropped (redis-py's ``send_packed_command`` and ``read_response`` disconnect on socket
+    errors; anything else disconnects here), so the caller's retry takes a fresh one."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([command])
+        return conn.read_response()
+    except redis.ResponseError:
+        raise   # a whole reply was read: the connection is in step
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
 class RedisLevel:
     """A byte level on a Redis server (``url="embedded"``: a private server for this level)."""
 
@@ -270,12 +297,13 @@ class RedisLevel:
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        full = [self.prefix + k for k in keys]
+        full = list(map(self.prefix.__add__, keys))
         bounded = self.max_bytes is not None
 
         def go(client: redis.Redis) -> list[bytes | None]:
             if len(full) <= _CHUNK and not bounded:
-                return list(client.mget(full))
+                # packed here, not by redis-py: a batched miss's MGET costs ~0.3 us a key less
+                return list(_request(client, _mget_packed(full)))
             pipe = client.pipeline(transaction=False)
             now = time.time()
             for chunk in _chunks(full):
