@@ -162,6 +162,13 @@ def float_points(recs: list) -> bool:
             | set(map(type, flat[3::4]))) <= _FLOATS
 
 
+def float_flat(pts: list) -> bool:
+    """Whether every point of a flat ``[x, y, data, ts, ...]`` list has float coordinates
+    and a float (or no) time (``float_points`` for a leaf's list)."""
+    return (set(map(type, pts[0::4])) | set(map(type, pts[1::4]))
+            | set(map(type, pts[3::4]))) <= _FLOATS
+
+
 def points_size(pts: list) -> int:
     """Bytes taken by the points of a flat ``[x, y, data, ts, ...]`` list (not its header)."""
     datas = pts[2::4]

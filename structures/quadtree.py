@@ -61,7 +61,8 @@ from ._quadtree_geometry import ANY as _ANY
 from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS,
                                  ROOT, SIZE, TMIN, X0, X1, Y0, Y1, Point, _check_bounds,
                                  _child_bounds, _min_of, _min_ts, _quadrant, _quadtree_meta,
-                                 _recs, ascii_strings, data_size, float_points, node_size,
+                                 _recs, ascii_strings, data_size, float_flat, float_points,
+                                 node_size,
                                  points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
 from ._quadtree_query import _QuadtreeQueries
@@ -220,7 +221,10 @@ class _QuadtreeOps(_QuadtreeQueries):
         return [first, first + 1, first + 2, first + 3]
 
     def _split(self, nid: int, node: list, pts: list, touched: dict[int, list], capacity: int,
-               max_depth: int) -> None:
+               max_depth: int, fast: bool | None = None) -> None:
+        """Split leaf ``node`` holding ``pts``. ``fast``: whether all of ``pts`` have float
+        coordinates and times and ASCII string data (each then weighs ``FLOAT_POINT + ASCII``
+        and its length), checked once here for a sized tree and handed down."""
         kids = self._kid_ids(nid)
         self._meta["nodes"] += 4
         parts: list[list] = [[], [], [], []]
@@ -230,6 +234,8 @@ class _QuadtreeOps(_QuadtreeQueries):
         sized = self._sized
         if sized:
             node[SIZE] = INNER_SIZE
+            if fast is None:
+                fast = float_flat(pts) and ascii_strings(pts[2::4])
         for q in range(4):
             part = parts[q]
             cx0, cy0, cx1, cy1 = _child_bounds(node, q)
@@ -238,10 +244,13 @@ class _QuadtreeOps(_QuadtreeQueries):
                      _min_of(part[3::4]), 0]
             touched[kids[q]] = child
             if len(part) > 4 * capacity and child[DEPTH] < max_depth:
-                self._split(kids[q], child, part, touched, capacity, max_depth)
+                self._split(kids[q], child, part, touched, capacity, max_depth, fast)
             else:
                 child[PTS] = part
-                if sized:
+                if fast:
+                    child[SIZE] = (LEAF_SIZE + (FLOAT_POINT + ASCII) * (len(part) >> 2)
+                                   + sum(map(len, part[2::4])))
+                elif sized:
                     child[SIZE] = LEAF_SIZE + points_size(part)
 
     # -- remove and merge --------------------------------------------------------------------
