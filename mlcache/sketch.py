@@ -243,7 +243,9 @@ class FrequencySketch:
             # float-weighted bincount it replaces); nibbles are unpacked, added, saturated and
             # packed back with whole-array operations.
             acc = np.zeros(size, dtype=np.int32)
-            np.add.at(acc, idx, np.tile(c.astype(np.int32), self.depth))
+            inc = np.empty((self.depth, n), dtype=np.int32)  # c, once per row
+            inc[:] = c  # (broadcast: np.tile is Python code, a few us per call)
+            np.add.at(acc, idx, inc.ravel())
             np.minimum(acc, 15, out=acc)
             nib = np.empty(size, dtype=np.int16)
             nib[0::2] = table & 15
@@ -267,7 +269,9 @@ class FrequencySketch:
         # odd nibbles are written in separate passes so no byte is rewritten within a pass;
         # duplicates of one nibble write the same value.
         acc = self._acc
-        np.add.at(acc, idx, np.tile(c.astype(np.int16), self.depth))
+        inc = np.empty((self.depth, n), dtype=np.int16)
+        inc[:] = c
+        np.add.at(acc, idx, inc.ravel())
         table = self._np
         byte = idx >> 1
         odd = (idx & 1).astype(bool)
