@@ -571,10 +571,17 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
         return [first, first + 1, first + 2, first + 3]
 
     def _page_nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        held = self._held
+        meta = self._meta
+        if not meta["len"] and meta["nodes"] == 1:
+            # an empty tree is at most an empty root leaf, which the operations make when
+            # they find none: no read (a new tree's would go through every level for nothing)
+            if held is not None:
+                held.setdefault(ROOT, None)
+            return {}
         ids = list(ids)
         pids = list(dict.fromkeys([nid >> _PAGE_SHIFT for nid in ids]))
         values = self._manager._get_kbs(self._kbs(pids))
-        held = self._held
         pages = {}
         for pid, page in zip(pids, values):
             if page is _MISSING:
