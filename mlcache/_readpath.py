@@ -292,10 +292,10 @@ class ReadPath:
             with self._lock:
                 seq = wb.wseq
         found, timings = self._read_levels(keys)
-        decoded = self._decode_all(found)
+        values = self._decode_all(found)
         with self._lock:
             if wb.wseq == seq and seq % 2 == 0:
-                self._resolve(keys, found, decoded, timings, out, ts, prefetch, True)
+                self._resolve(keys, found, values, timings, out, ts, prefetch, True)
                 if load is not None:
                     _unmark(keys, load, loading)
                     return True
@@ -306,7 +306,7 @@ class ReadPath:
             if moved is not None:
                 keep = [kb for kb in keys if kb not in moved]
                 if keep:
-                    self._resolve(keep, found, decoded, timings, out, ts, prefetch)
+                    self._resolve(keep, found, values, timings, out, ts, prefetch)
                     if len(keep) == len(keys):
                         return
                     keys = [kb for kb in keys if kb in moved]
@@ -315,9 +315,9 @@ class ReadPath:
         with wb.io_lock:
             origin: dict[bytes, str] = {}
             found, timings = self._read_levels(keys, origin)
-            decoded = self._decode_all(found, origin)
+            values = self._decode_all(found, origin)
             with self._lock:
-                self._resolve(keys, found, decoded, timings, out, ts, prefetch, True)
+                self._resolve(keys, found, values, timings, out, ts, prefetch, True)
         return False
 
     def _read_levels(self, keys: list[bytes], origin: dict[bytes, str] | None = None
@@ -373,18 +373,19 @@ class ReadPath:
         return found, timings
 
     def _decode_all(self, found: dict[bytes, bytes],
-                    origin: dict[bytes, str] | None = None) -> dict[bytes, Any]:
+                    origin: dict[bytes, str] | None = None) -> list[Any]:
+        """The values of ``found``'s encodings, in its order."""
         try:
-            return dict(zip(found, self._codec.decode_many(list(found.values()))))
+            return self._codec.decode_many(list(found.values()))
         except CacheError:
             pass
         # Some bytes are bad: decode one by one to name the key and where its bytes live (read
         # again, with the level recorded, only now), so the operator can inspect or delete them.
         decode = self._codec.decode
-        out = {}
+        out = []
         for kb, raw in found.items():
             try:
-                out[kb] = decode(raw)
+                out.append(decode(raw))
             except CacheError as exc:
                 key = self._describe_key(kb)
                 level = origin.get(kb) if origin is not None else self._origin_of(kb)
@@ -419,11 +420,12 @@ class ReadPath:
         if prefetched:
             self._stats.prefetch["keys_loaded"] += prefetched
 
-    def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], decoded: dict[bytes, Any],
+    def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], values: list[Any],
                  timings: list[tuple], out: dict[bytes, Any], ts: float | None,
                  prefetch: bool, whole: bool = False) -> None:
         """Lock held: keep whatever happened to a key during the read, else admit what we read.
-        ``whole``: ``found`` holds only keys of ``keys``."""
+        ``values``: the decoded values of ``found``, in its order. ``whole``: ``found`` holds
+        only keys of ``keys``."""
         self._count_reads(timings, len(found) if prefetch else 0)
         data, wb = self._data, self._wb
         tombstones = wb.tombstones
@@ -432,8 +434,9 @@ class ReadPath:
             # Nothing happened to any key while it was read (the usual case), checked over
             # the batch with set operations: everything found goes in, as one batch.
             if found:
-                self._admit_batch(found, decoded, out, ts)
+                self._admit_batch(list(found), list(found.values()), values, out, ts)
             return
+        decoded = dict(zip(found, values))
         admit = self._admit
         batch: list[tuple[bytes, Any, bytes]] = []
         for kb in keys:
@@ -495,20 +498,17 @@ class ReadPath:
         if victims_all:
             self._handle_victims(victims_all)
 
-    def _admit_batch(self, found: dict[bytes, bytes], decoded: dict[bytes, Any],
+    def _admit_batch(self, kbs: list[bytes], raws: list[bytes], values: list[Any],
                      out: dict[bytes, Any], ts: float | None) -> None:
-        """Lock held: insert a batch read from below (``found``: key -> encoding, ``decoded``:
-        key -> value, same keys), none of it resident, deleted or queued; each into ``out``.
+        """Lock held: insert a batch read from below (distinct keys, their encodings and
+        values), none of it resident, deleted or queued; each into ``out``.
         :meth:`_admit_many` with the per-key work done over the batch: the mutation digests
         in one ``dict.update`` (all values mutable, all encodings small: the usual case),
         one heap insert, the victims handled together."""
         heap = self._heap
-        kbs = list(found)
-        values = list(map(decoded.__getitem__, kbs))
         if heap is None:
             out.update(zip(kbs, values))
             return
-        raws = list(found.values())
         sizes = list(map(len, raws))
         track = self._track
         digests = self._digests

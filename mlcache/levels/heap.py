@@ -143,7 +143,7 @@ class HeapLevel:
             raise ConfigError("heap.policy_options", str(exc)) from None
         self.data: dict[bytes, Any] = {}
         self.dirty: set[bytes] = set()
-        self.weights: dict[bytes, int] = {}
+        self.weights: dict[bytes, int] = {}   # kept when bounded by bytes (by count: all 1)
         self.pinned: set[bytes] = set()
         self.tracked_weight = 0
         # Memory charged to the budget beside the entries: the owner's (reserve()) and the
@@ -226,11 +226,13 @@ class HeapLevel:
             return [(key, value, dirty)]
         if key in self.pinned:
             self.pinned.discard(key)
-        else:
+        elif self.by_bytes:
             self.tracked_weight -= self.weights.get(key, 0)
         data[key] = value
-        self.weights[key] = weight
-        self.tracked_weight += weight
+        if self.by_bytes:
+            # (bounded by count, every weight is 1: the policy counts, nothing here needs it)
+            self.weights[key] = weight
+            self.tracked_weight += weight
         if dirty:
             self.dirty.add(key)
         else:
@@ -274,10 +276,9 @@ class HeapLevel:
         else:
             if len(keys) != len(values):
                 raise ValueError("insert_many: as many values as keys")
-            # Absent keys are neither pinned nor dirty, and weigh 1 (no byte bound).
+            # Absent keys are neither pinned nor dirty, and weigh 1 (no byte bound: no weights
+            # kept, see insert).
             data.update(zip(keys, values))
-            self.weights.update(dict.fromkeys(keys, 1))
-            self.tracked_weight += len(keys)
             policy = self.policy
             batch = getattr(policy, "insert_many", None)
             if batch is not None:
