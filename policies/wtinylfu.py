@@ -331,7 +331,9 @@ class WTinyLFUPolicy(BasePolicy):
         time: a count-min estimate is the minimum of the rows, so the first row whose counter
         plus the candidate's exact buffered count is below the bar proves that the candidate
         can neither win, tie nor be warm. Most candidates are cold and stop after one or two
-        rows; the rest are settled by :meth:`_settle`.
+        rows; the rest are settled by :meth:`_settle`. ``TinyLFUCache.__setitem__`` has these
+        statements written out (no call per miss): change both; a test plays one trace through
+        the cache and through this policy and compares them.
         """
         pending = self._pending
         pending[key] = pending.get(key, 0) + 1
@@ -382,13 +384,19 @@ class WTinyLFUPolicy(BasePolicy):
         if ticks:
             self._ticks = ticks
             return cand
+        self._refused(cand)
+        return cand
+
+    def _refused(self, cand: Hashable) -> None:
+        """The sampled loss (one in ``_SAMPLE``) of a candidate its sketch rows refused: the
+        window's ghost remembers it. (``TinyLFUCache.__setitem__`` writes out the rest of
+        :meth:`_miss` and calls this too.)"""
         self._ticks = _SAMPLE
         if self._adaptive:
             ghosts = self._wghost
             ghosts[cand] = _LOST_WINDOW
             if len(ghosts) > self._ghost_limit:
                 ghosts.popitem(False)
-        return cand
 
     def _settle(self, cand: Hashable, victim: Hashable, f: int) -> Hashable:
         """The steady miss whose candidate (sketch estimate ``f``) was not refused by its rows:

@@ -177,3 +177,32 @@ def test_missing_hook_sees_hits_as_hits():
     for k in [1, 2, 1, 1, 3] * 20:
         assert cache[k] == k
     assert set(cache) == {1, 2, 3} and cache._policy.frequency(1) >= cache._policy.frequency(3)
+
+
+def test_tinylfu_cache_honours_a_policy_subclass_with_its_own_miss_path():
+    # TinyLFUCache writes W-TinyLFU's steady miss out in __setitem__; a policy subclass that
+    # overrides _miss must still be the one deciding.
+    from mlcache.policies.wtinylfu import WTinyLFUPolicy
+
+    calls = []
+
+    class Counting(WTinyLFUPolicy):
+        def _miss(self, key):
+            calls.append(key)
+            return super()._miss(key)
+
+    class CountingCache(TinyLFUCache):
+        _policy_class = Counting
+
+    cache = CountingCache(maxsize=50)
+    misses = 0
+    for k in range(500):
+        try:
+            cache[k % 120]
+        except KeyError:
+            misses += 1
+            cache[k % 120] = k
+    assert len(calls) == misses > 120  # every miss went through the override
+    assert len(cache) == 50 and set(cache) == set(cache._policy.keys())
+    plain = TinyLFUCache(maxsize=50)
+    assert plain._steady is plain._policy and cache._steady is None
