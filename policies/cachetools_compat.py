@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Iterator
 import cachetools
 
 from .tac import TACPolicy
-from .wtinylfu import _NOKEY, WTinyLFUPolicy
+from .wtinylfu import _LOST_WINDOW, _NOKEY, _SAMPLE, WTinyLFUPolicy
 
 __all__ = ["TinyLFUCache", "TACache"]
 
@@ -110,7 +110,8 @@ class _PolicyCache(cachetools.Cache):
                 return
             # WTinyLFUPolicy._miss, written out here (the call was ~4% of a memoized miss on the
             # Zipf bench): the same statements on the policy's attributes, keep the two in step
-            # (test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps compares them).
+            # (test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps compares them; the
+            # window ghost's record is written out too: a call there cost ~1%).
             pending = p._pending
             pending[key] = pending.get(key, 0) + 1
             if key in p._wghost or key in p._mghost:
@@ -167,7 +168,12 @@ class _PolicyCache(cachetools.Cache):
             if ticks:
                 p._ticks = ticks
                 return
-            p._refused(cand)
+            p._ticks = _SAMPLE
+            if p._adaptive:
+                ghosts = p._wghost
+                ghosts[cand] = _LOST_WINDOW
+                if len(ghosts) > p._ghost_limit:
+                    ghosts.popitem(False)
             return
         if self._sizes is None:
             raise ValueError("value too large")  # maxsize 0

@@ -384,19 +384,13 @@ class WTinyLFUPolicy(BasePolicy):
         if ticks:
             self._ticks = ticks
             return cand
-        self._refused(cand)
-        return cand
-
-    def _refused(self, cand: Hashable) -> None:
-        """The sampled loss (one in ``_SAMPLE``) of a candidate its sketch rows refused: the
-        window's ghost remembers it. (``TinyLFUCache.__setitem__`` writes out the rest of
-        :meth:`_miss` and calls this too.)"""
         self._ticks = _SAMPLE
         if self._adaptive:
             ghosts = self._wghost
             ghosts[cand] = _LOST_WINDOW
             if len(ghosts) > self._ghost_limit:
                 ghosts.popitem(False)
+        return cand
 
     def _settle(self, cand: Hashable, victim: Hashable, f: int) -> Hashable:
         """The steady miss whose candidate (sketch estimate ``f``) was not refused by its rows:
