@@ -22,7 +22,7 @@ import redis
 
 __all__ = ["request_values", "read_values"]
 
-_RECV = 1 << 16   # bytes asked per socket read (a larger value is received into one buffer)
+_RECV = 1 << 16   # bytes asked per socket read; a value this large is read as it is
 
 
 def request_values(client: redis.Redis, command: bytes) -> Any:
@@ -92,8 +92,17 @@ def read_values(sock: socket.socket) -> list[bytes | None]:
                 continue
             stop = end + 2 + n
             if stop + 2 > len(data):
-                data = _fill(sock, data[pos:], stop + 2 - pos)
-                pos = 0
+                if n < _RECV:   # a small value cut by the read: read on
+                    more = recv(_RECV)
+                    if not more:
+                        raise redis.ConnectionError("Connection closed by server.")
+                    data = data[pos:] + more
+                    pos = 0
+                    continue
+                # a large value: received as it is (one copy into bytes, as redis-py's read)
+                append(_recv_value(sock, data[end + 2:stop], n))
+                count -= 1
+                data, pos = _recv_crlf(sock, data[stop:stop + 2]), 2
                 continue
             if data[stop:stop + 2] != b"\r\n":
                 raise redis.InvalidResponse("a value not ended by CRLF")
@@ -120,16 +129,30 @@ def read_values(sock: socket.socket) -> list[bytes | None]:
     return out
 
 
-def _fill(sock: socket.socket, head: bytes, size: int) -> bytes:
-    """``head`` and what follows it on ``sock``, at least ``size`` bytes in all, received
-    into one buffer (a large value is copied once, not once per socket read)."""
-    buf = bytearray(max(size, len(head) + _RECV))
-    view = memoryview(buf)
+def _recv_value(sock: socket.socket, head: bytes, n: int) -> bytes:
+    """The ``n`` bytes of a value whose first bytes are ``head``: the rest received in reads
+    of what is missing (up to 1 MiB each), joined once."""
+    parts = [head] if head else []
     have = len(head)
-    view[:have] = head
-    while have < size:
-        got = sock.recv_into(view[have:])
-        if not got:
+    recv = sock.recv
+    while have < n:
+        chunk = recv(min(n - have, 1 << 20))
+        if not chunk:
             raise redis.ConnectionError("Connection closed by server.")
-        have += got
-    return bytes(view[:have])
+        parts.append(chunk)
+        have += len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _recv_crlf(sock: socket.socket, head: bytes) -> bytes:
+    """The bytes read after a large value, starting with its CRLF (``head``: what of it was
+    read already); checked, so a reply out of step is refused."""
+    data = head
+    while len(data) < 2:
+        more = sock.recv(_RECV)
+        if not more:
+            raise redis.ConnectionError("Connection closed by server.")
+        data += more
+    if data[:2] != b"\r\n":
+        raise redis.InvalidResponse("a value not ended by CRLF")
+    return data
