@@ -7,6 +7,7 @@ import time
 
 import pytest
 import redis
+from hypothesis import given, strategies as st
 
 from mlcache import CacheConfig, CacheManager, HeapConfig, RedisConfig
 from mlcache.errors import LevelUnavailableError
@@ -175,3 +176,17 @@ def test_request_values_leaves_a_push_first_to_redis_py(redis_url):
     finally:
         client.close()
         other.close()
+
+
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=12),
+                          st.sampled_from([b"\r\n", b"$1\r\nz", b"a\r\n$0", b"\r\n\r\n", b"$-1"]),
+                          st.lists(st.sampled_from([b"$", b"\r\n", b"-1", b"2", b"x"]),
+                                   max_size=6).map(b"".join)),
+                max_size=12),
+       st.sampled_from([b"$-1\r\n", b"_\r\n"]), st.sampled_from([1, 5, 1 << 16]))
+def test_reader_returns_exactly_the_values_sent(values, null, step):
+    """Whatever the values (CRLFs and protocol-looking bytes inside, nulls anywhere), the
+    reader -- its one-split fast path or its loop -- returns exactly what was sent."""
+    wire = b"*%d\r\n" % len(values) + b"".join(
+        null if v is None else b"$%d\r\n%b\r\n" % (len(v), v) for v in values)
+    assert read_values(_Sock(wire, step)) == values
