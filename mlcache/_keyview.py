@@ -73,6 +73,19 @@ def _plain_key(key: Any) -> Any:
     return key
 
 
+class _Heads(dict):
+    """``prefix + _EXT_HEADS[n]`` by payload length ``n``, made on first use (KeyError from
+    256 bytes on, like ``_EXT_HEADS``): a tuple key is then one concatenation."""
+
+    def __init__(self, prefix: bytes) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def __missing__(self, n: int) -> bytes:
+        head = self[n] = self.prefix + _EXT_HEADS[n]
+        return head
+
+
 class KeyView:
     """Turns user keys into canonical byte keys under one namespace prefix, memoised."""
 
@@ -80,6 +93,7 @@ class KeyView:
         self._prefix = prefix
         self._memo: dict[Any, bytes] = {}
         self._memo_max = _MEMO_MAX
+        self._heads: _Heads | None = None   # prefix + ext header, by length (tuple batches)
 
     def _kb(self, key: Any) -> bytes:
         if type(key) in _SIMPLE_KEYS:
@@ -162,8 +176,10 @@ class KeyView:
         prefix = self._prefix
         try:
             if tuples:
-                heads = _EXT_HEADS
-                new = [prefix + heads[len(body)] + body for body in map(pack, cold)]
+                heads = self._heads
+                if heads is None:
+                    heads = self._heads = _Heads(prefix)
+                new = [heads[len(body)] + body for body in map(pack, cold)]
             else:
                 new = list(map(prefix.__add__, map(pack, cold)))
         except (OverflowError, KeyError):   # a big int; a tuple encoding of 256+ bytes

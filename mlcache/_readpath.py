@@ -509,11 +509,10 @@ class ReadPath:
         if heap is None:
             out.update(zip(kbs, values))
             return
-        sizes = list(map(len, raws))
         track = self._track
         digests = self._digests
         if track:
-            if (not digests._raw and max(sizes) < _KEEP_RAW_MIN
+            if (not digests._raw and max(map(len, raws)) < _KEEP_RAW_MIN
                     and IMMUTABLE.isdisjoint(map(type, values))):
                 digests._d.update(zip(kbs, map(hash, raws)))   # Digests.remember, inlined
             else:
@@ -523,7 +522,8 @@ class ReadPath:
                     if type(value) not in immutable:
                         remember(kb, raw)
         weights = (list(map(self._weight_of, kbs, values)) if self._weighers else None)
-        victims, refused = heap.insert_many(kbs, values, sizes, ts=ts, weights=weights)
+        victims, refused = heap.insert_many(kbs, values, map(len, raws), ts=ts,
+                                            weights=weights, absent=True)
         out.update(zip(kbs, values))
         if track:
             # before the victims: an entry of this batch evicted by a later one is forgotten

@@ -221,22 +221,27 @@ class WTinyLFUPolicy(BasePolicy):
             self._victim = _NOKEY
         return self._add(key, weight)
 
-    def insert_many(self, keys: list, ts: float | None = None) -> list:
-        """``insert(key, 1, ts)`` for each of ``keys`` (distinct) in order; all the victims.
+    def insert_many(self, keys: list, ts: float | None = None, *, fresh: bool = False) -> list:
+        """``insert(key, 1, ts)`` for each of ``keys`` in order; all the victims.
 
         A batch read from a lower level. While the batch fits without an eviction -- unit
         weights, none of its keys resident or in a ghost, ``capacity`` not reached -- a miss
         only counts the key, enters the window and pushes the window's LRU entry to probation,
         so the batch does that with C-level calls over runs of keys, stopping at each
-        ``_tick`` exactly where a key-by-key insert would. Else key by key.
+        ``_tick`` exactly where a key-by-key insert would. Else key by key. ``fresh``: the
+        caller knows the keys are distinct and none is resident (the heap's batched miss),
+        so that is not checked again.
         """
         n = len(keys)
         window, prob = self._window, self._probation
+        wghost, mghost = self._wghost, self._mghost
         if (not self._unit or self._steady or self.total_weight + n > self.capacity
-                or not window.keys().isdisjoint(keys) or not prob.keys().isdisjoint(keys)
-                or not self._protected.keys().isdisjoint(keys)
-                or not self._wghost.keys().isdisjoint(keys)
-                or not self._mghost.keys().isdisjoint(keys) or len(set(keys)) != n):
+                or (wghost and not wghost.keys().isdisjoint(keys))
+                or (mghost and not mghost.keys().isdisjoint(keys))
+                or (not fresh and (not window.keys().isdisjoint(keys)
+                                   or not prob.keys().isdisjoint(keys)
+                                   or not self._protected.keys().isdisjoint(keys)
+                                   or len(set(keys)) != n))):
             lost: list = []
             insert = self.insert
             for key in keys:

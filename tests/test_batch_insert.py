@@ -71,7 +71,7 @@ def test_wtinylfu_insert_many_crosses_drains_exactly():
     for i in range(0, len(keys), 100):
         for key in keys[i:i + 100]:
             assert one.insert(key, 1) == []
-        assert many.insert_many(keys[i:i + 100]) == []
+        assert many.insert_many(keys[i:i + 100], fresh=i % 200 == 0) == []
     assert _state(one) == _state(many)
 
 
@@ -93,7 +93,8 @@ def test_heap_insert_many_matches_insert():
                 lost_one: list = []
                 for k, v, n in zip(keys, values, sizes):
                     lost_one.extend(one.insert(k, v, dirty=False, size=n))
-                victims, refused = many.insert_many(keys, values, sizes)
+                victims, refused = many.insert_many(keys, values, iter(sizes),
+                                                    absent=step % 2 == 0)
                 batch = set(keys)
                 assert sorted(refused) == sorted(k for k, _, _ in lost_one if k in batch)
                 assert sorted(v[0] for v in victims) == sorted(

@@ -141,6 +141,9 @@ class HeapLevel:
             raise
         except TypeError as exc:
             raise ConfigError("heap.policy_options", str(exc)) from None
+        batch = getattr(self.policy, "insert_many", None)
+        # a policy's insert_many that can skip its checks when told the keys are fresh
+        self._fresh_ok = batch is not None and "fresh" in inspect.signature(batch).parameters
         self.data: dict[bytes, Any] = {}
         self.dirty: set[bytes] = set()
         self.weights: dict[bytes, int] = {}   # kept when bounded by bytes (by count: all 1)
@@ -250,9 +253,9 @@ class HeapLevel:
                 victims.extend(self._take(extra))
         return victims
 
-    def insert_many(self, keys: list[bytes], values: list[Any], sizes: list[int | None], *,
+    def insert_many(self, keys: list[bytes], values: list[Any], sizes: Any, *,
                     ts: float | None = None, weights: list[int | None] | None = None,
-                    ) -> tuple[list[tuple[bytes, Any, bool]], list[bytes]]:
+                    absent: bool = False) -> tuple[list[tuple[bytes, Any, bool]], list[bytes]]:
         """Insert a batch of clean entries (values just read from a lower level), distinct keys,
         as :meth:`insert` would one by one; return ``(victims, refused)``: ``refused`` lists
         the keys of the batch that did not stay (the policy declined them, or a later key of
@@ -260,12 +263,15 @@ class HeapLevel:
         left, as :meth:`insert` gives them.
 
         With a heap bounded by entry count (every weight 1) and no key of the batch resident,
-        the entries go in with two ``dict.update`` calls and the policy takes the keys in one
-        ``insert_many`` call when it has one (W-TinyLFU), else key by key.
+        the entries go in with one ``dict.update`` call and the policy takes the keys in one
+        ``insert_many`` call when it has one (W-TinyLFU), else key by key. ``sizes``: an
+        iterable of the encoded sizes (only a byte-bounded heap reads it); ``absent``: the
+        caller knows no key is resident (not checked again).
         """
         data = self.data
         lost: list[tuple[bytes, Any, bool]]
-        if self.by_bytes or self.entry_overhead or not data.keys().isdisjoint(keys):
+        if self.by_bytes or self.entry_overhead or (
+                not absent and not data.keys().isdisjoint(keys)):
             lost = []
             insert = self.insert
             for i, (key, value, size) in enumerate(zip(keys, values, sizes)):
@@ -282,7 +288,8 @@ class HeapLevel:
             policy = self.policy
             batch = getattr(policy, "insert_many", None)
             if batch is not None:
-                lost_keys = batch(keys, ts)
+                # distinct (the caller's promise) and absent: the policy need not check
+                lost_keys = batch(keys, ts, fresh=True) if self._fresh_ok else batch(keys, ts)
             else:
                 insert = policy.insert
                 lost_keys = []
