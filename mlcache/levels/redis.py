@@ -40,6 +40,7 @@ from ..codec import Encoded
 from ..config import RedisConfig
 from ..errors import CacheError, CapacityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
+from ._resp import request_values
 from .base import Victims
 
 __all__ = ["RedisLevel", "glob_escape"]
@@ -171,25 +172,6 @@ def _mget_packed(keys: Sequence[bytes]) -> bytes:
         len(keys) + 1, b"".join([b"$%d\r\n%b\r\n" % (len(k), k) for k in keys]))
 
 
-def _request(client: redis.Redis, command: bytes) -> Any:
-    """Send one command already in the Redis protocol on a pooled connection and read its
-    reply (redis-py's parser; an error reply raises). A connection that failed mid-way is
-    dropped (redis-py's ``send_packed_command`` and ``read_response`` disconnect on socket
-    errors; anything else disconnects here), so the caller's retry takes a fresh one."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([command])
-        return conn.read_response()
-    except redis.ResponseError:
-        raise   # a whole reply was read: the connection is in step
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
 class RedisLevel:
     """A byte level on a Redis server (``url="embedded"``: a private server for this level)."""
 
@@ -302,8 +284,9 @@ class RedisLevel:
 
         def go(client: redis.Redis) -> list[bytes | None]:
             if len(full) <= _CHUNK and not bounded:
-                # packed here, not by redis-py: a batched miss's MGET costs ~0.3 us a key less
-                return list(_request(client, _mget_packed(full)))
+                # packed here and the reply read by _resp, not by redis-py: a batched miss's
+                # MGET costs ~0.5 us CPU a key less (~0.3 packing, ~0.2-0.4 reading)
+                return request_values(client, _mget_packed(full))
             pipe = client.pipeline(transaction=False)
             now = time.time()
             for chunk in _chunks(full):
