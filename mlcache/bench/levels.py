@@ -12,15 +12,17 @@ Three experiments, each against a baseline run in the same process on the same d
    so write-back is exercised. The heap holds 10/20/30% of the state over Redis; baselines are
    all objects in the heap as plain Python objects and Redis only (GET, decode, work, encode,
    SET). Slowdowns are printed beside the paper's. The slowdown depends on the work per access,
-   so the goal is on what the manager adds: its time must stay within 1.15x of
-   ``all-in-heap time + misses x (raw GET + decode) + write-backs x (encode + raw SET)``.
-   A write-back writes the object as it is now, so encoding it is part of the transfer, as
-   decoding is part of a miss (the first statement of the bound left it out; the ratio to that
-   sum is printed beside, for comparison). The bound is measured as one program, right after
-   the run it bounds: the same trace on the plain objects with the run's misses and
-   write-backs done as raw redis-py calls spread evenly over it. Summing per-operation costs
-   sampled in short loops before and after a run instead swung the ratio by 0.3-0.5 between
-   runs on a shared machine (a 60-call sample against a 3 s run).
+   so the goal is on what the manager adds, as the issue states it: its time must stay within
+   1.15x of ``all-in-heap time + misses x (raw GET + decode) + write-backs x raw SET``.
+   The bound is measured as one program, right after the run it bounds: the same trace on
+   the plain objects with the run's misses and write-backs done as raw redis-py calls spread
+   evenly over it (a write-back: SET of the object's bytes, encoded beforehand). Summing
+   per-operation costs sampled in short loops before and after a run instead swung the ratio
+   by 0.3-0.5 between runs on a shared machine (a 60-call sample against a 3 s run); that
+   sum is still printed beside (``vs_summed_bound``), and so is the ratio to a bound that also
+   encodes the object before each SET (``vs_bound_with_encode``), which served as the goal
+   while a write-back's encoding copied every payload twice: it now sends the object's own
+   bytes (:meth:`mlcache.codec.Codec.encode_parts`), so a raw SET is the fair comparison.
 
 Redis is a private server started by the benchmark (``mlcache._redis_server.RedisServer``).
 The timing loops take the best of a few repetitions: the machine is shared and the question is
@@ -324,9 +326,11 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
 
     t_redis = redis_only()
 
-    def replay(misses: int, writes: int) -> float:
+    def replay(misses: int, writes: int, with_encode: bool) -> float:
         """The bound run as one program: the trace's work on the plain objects, with ``misses``
-        raw GET + decode and ``writes`` raw encode + SET spread evenly over it."""
+        raw GET + decode and ``writes`` raw SETs of the object's encoding spread evenly over
+        it; ``with_encode``: each SET encodes the object first (the revised bound), else it
+        sends bytes encoded beforehand (the issue's bound: a raw SET)."""
         n = len(trace)
         got = put = 0
         get, put_raw, decode, encode = client.get, client.set, codec.decode, codec.encode
@@ -337,7 +341,7 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
                 decode(get(raw_keys[i]))
                 got += 1
             while put * n < writes * k:
-                put_raw(raw_keys[i], encode(plain[i]))
+                put_raw(raw_keys[i], encode(plain[i]) if with_encode else encoded[i])
                 put += 1
         return time.perf_counter() - start
 
@@ -366,8 +370,11 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
         # The bound, measured right after the run it bounds, under the same load: the same
         # accesses on plain objects with this run's transfers done raw, in one timed loop.
         gc.collect()
-        bound = replay(misses, writes)
-        return {"elapsed": elapsed, "misses": misses, "writes": writes, "bound": bound}
+        bound = replay(misses, writes, with_encode=False)
+        gc.collect()
+        bound_encode = replay(misses, writes, with_encode=True)
+        return {"elapsed": elapsed, "misses": misses, "writes": writes, "bound": bound,
+                "bound_encode": bound_encode}
 
     runs = {}
     for fraction in (0.1, 0.2, 0.3):
@@ -376,7 +383,8 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
         pair = [mlcache_run(fraction, r) for r in range(2 if quick else 3)]
         measured.append(transfer_costs())
         best = min(pair, key=lambda run: run["elapsed"])
-        runs[fraction] = dict(best, bound=min(run["bound"] for run in pair))
+        runs[fraction] = dict(best, bound=min(run["bound"] for run in pair),
+                              bound_encode=min(run["bound_encode"] for run in pair))
     client.delete(*raw_keys)
     client.close()
 
@@ -385,21 +393,23 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
     encode_cost = statistics.median(e for _, _, e in measured)
     report.result("debs: raw GET + decode of 1 MB", per_op_ms=get_cost * 1e3)
     report.result("debs: raw SET of 1 MB", per_op_ms=set_cost * 1e3)
-    report.result("debs: encode of 1 MB (part of every write-back)", per_op_ms=encode_cost * 1e3)
+    report.result("debs: encode of 1 MB (bytes; the bound with encode adds one per write-back)",
+                  per_op_ms=encode_cost * 1e3)
     report.result("debs: redis only (GET, work, SET)", accesses=accesses, seconds=t_redis,
                   slowdown=t_redis / t_heap, paper=PAPER_REDIS_ONLY)
     for fraction, run in runs.items():
-        # The bound summed from per-operation costs without the encode, as first stated, for
-        # comparison with earlier reports (sampled costs: noisier than the replay).
+        # The same bound summed from per-operation costs sampled in short loops, for
+        # comparison with earlier reports (noisier than the replay).
         summed = t_heap + run["misses"] * get_cost + run["writes"] * set_cost
         report.result(f"debs: mlcache heap {fraction:.0%} -> redis", accesses=accesses,
                       seconds=run["elapsed"], slowdown=run["elapsed"] / t_heap,
                       paper=PAPER_SLOWDOWN.get(fraction, "-"),
                       hit_ratio=1 - run["misses"] / accesses, misses=int(run["misses"]),
                       write_backs=int(run["writes"]), transfer_bound_s=run["bound"],
-                      vs_summed_bound_without_encode=run["elapsed"] / summed)
+                      vs_bound_with_encode=run["elapsed"] / run["bound_encode"],
+                      vs_summed_bound=run["elapsed"] / summed)
         report.goal(f"debs heap {fraction:.0%}: mlcache time / (all-in-heap + misses x GET+decode"
-                    f" + write-backs x encode+SET)", run["elapsed"] / run["bound"], "<=", 1.15)
+                    f" + write-backs x SET)", run["elapsed"] / run["bound"], "<=", 1.15)
 
 
 def run(args: argparse.Namespace) -> BenchReport:
