@@ -1,8 +1,20 @@
-"""CacheableQuadtree: a point-region quadtree whose nodes are manager entries.
+"""CacheableQuadtree: a point-region quadtree whose nodes are kept in manager entries.
 
-A node is one entry, keyed by an integer id (the root is 0), holding a short list::
+A node is a short list, identified by an integer id (the root is 0)::
 
     [x0, y0, x1, y1, depth, count, children, points, tmin, size]
+
+Nodes are stored in *pages*: one entry holds a group of four sibling nodes and their
+descendants ``page_levels - 1`` levels down (3 by default: up to 84 nodes; the root page holds
+the root and two levels), as a list of slots, ``None`` where no node is. A node's id is its
+page number and its slot, both fixed by the tree's shape (see ``_kid_ids``), so a split knows
+where its children go without reading anything. DEBS'22 makes every node an entry
+(``page_levels=None`` does that here, and trees made by earlier versions keep it); but the
+application's insert batches touch most leaves of the newest tree, so a batch paid a put
+(dirty mark, policy update, weight) for each of ~230 nodes and a read per node per level, and
+the tree's eviction, write and delete per node: ``mlcache bench events`` spent more in those
+than in the tree's own work. With pages a batch puts ~15 entries and reads one or two per
+level, and an aging tree moves down in ~20 writes.
 
 ``children`` is ``None`` at a leaf, else the ids of the four quadrants (SW, SE, NW, NE);
 ``points`` is ``None`` inside, and at a leaf one flat list ``[x, y, data, ts, x, y, data, ts,
@@ -12,16 +24,20 @@ and never read its leaves; ``tmin`` is a lower bound of the subtree's timestamps
 ``prune_older(t)`` skips subtrees with nothing to drop; ``size`` is the memory the node takes
 in bytes (see below).
 
-Nodes live in the heap as these very lists. An operation reads them (heap hits hand out the
-live objects), changes them and puts them back, which for a resident node is a dict write and a
-dirty mark; a node is encoded (msgpack) only when it leaves the heap, by eviction or a flush.
+Nodes live in the heap as these very lists, inside their page's list. An operation reads
+them (heap hits hand out the live objects), changes them and puts their pages back, which for
+a resident page is a dict write and a dirty mark; a page is encoded (msgpack) only when it
+leaves the heap, by eviction or a flush. An operation that changes the tree holds the pages it
+read until it is done and changes those objects, so a page evicted and read again midway
+(a tiny heap) does not split the operation's changes over two copies.
 An earlier version stored each node as a packed msgpack blob, so that the heap could weigh it
 in one step; it paid a pack per change and an unpack per read, hit or not (``mlcache bench
 events``: 1.56x the plain-object baseline at heap=30%, most of it in the codec). Weighing is
 what a live node would make costly instead: the heap walks a value it is handed. So the tree
 keeps ``size`` itself, an upper bound of the node's allocations (see ``_quadtree_geometry``),
 updated by the change that made it (an insert adds its points' sizes; a split, merge or prune
-recomputes the few nodes it rebuilds) and handed to the heap with the put.
+recomputes the few nodes it rebuilds); a page weighs its list of slots and its nodes' sizes,
+summed at each put.
 
 Point ``data`` must be plain data msgpack takes exactly (str, numbers, bytes, tuples, lists,
 dicts, sets, None, or a structure, stored as a reference); anything else raises
@@ -36,9 +52,9 @@ points or fewer, by ``remove`` or a prune, merges its children back into one lea
 between the split and the merge thresholds keeps a node near the boundary from flapping.
 Bounds are closed: a point on the upper edge belongs to the tree and to the upper quadrant.
 
-Every operation reads nodes level by level with one batched read per level and writes the
-touched nodes with one batched put, so a cold tree costs one round trip per level, not per
-node. ``insert_many`` routes a whole batch down together: each node on the way is read and
+Every operation reads nodes level by level with one batched read per level (of the pages
+holding them) and writes the touched pages with one batched put, so a cold tree costs one
+round trip per level, not per node. ``insert_many`` routes a whole batch down together: each node on the way is read and
 written once per batch instead of once per point, which is how a stream job should feed it.
 
 :class:`~mlcache.structures.PlainQuadtree` (in ``_quadtree_plain``) is the very same code over
