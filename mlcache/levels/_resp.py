@@ -64,15 +64,20 @@ def request_values(client: redis.Redis, command: bytes) -> Any:
         pool.release(conn)
 
 
+def _received(chunk: bytes) -> bytes:
+    """``chunk`` as read from the socket; an empty read means the server closed it."""
+    if not chunk:
+        raise redis.ConnectionError("Connection closed by server.")
+    return chunk
+
+
 def read_values(sock: socket.socket) -> list[bytes | None]:
     """Read one reply to an ``MGET`` from ``sock``: an array of bulk strings and nulls (RESP2's
     ``$-1``, RESP3's ``_``). An error reply raises ``ResponseError`` once its line is read;
     a closed socket ``ConnectionError``; any other shape, or bytes beyond the reply,
     ``InvalidResponse`` (the caller drops the connection)."""
     recv = sock.recv
-    data = recv(_RECV)
-    if not data:
-        raise redis.ConnectionError("Connection closed by server.")
+    data = _received(recv(_RECV))
     if data[:1] == b"*" and data[-2:] == b"\r\n":
         values = _split(data)
         if values is not None:
@@ -84,10 +89,7 @@ def read_values(sock: socket.socket) -> list[bytes | None]:
     while count:
         end = data.find(b"\r\n", pos)
         if end < 0:
-            more = recv(_RECV)
-            if not more:
-                raise redis.ConnectionError("Connection closed by server.")
-            data = data[pos:] + more
+            data = data[pos:] + _received(recv(_RECV))
             pos = 0
             continue
         kind = data[pos]
@@ -101,10 +103,7 @@ def read_values(sock: socket.socket) -> list[bytes | None]:
             stop = end + 2 + n
             if stop + 2 > len(data):
                 if n < _RECV:   # a small value cut by the read: read on
-                    more = recv(_RECV)
-                    if not more:
-                        raise redis.ConnectionError("Connection closed by server.")
-                    data = data[pos:] + more
+                    data = data[pos:] + _received(recv(_RECV))
                     pos = 0
                     continue
                 # a large value: received as it is (one copy into bytes, as redis-py's read)
@@ -172,9 +171,7 @@ def _recv_value(sock: socket.socket, head: bytes, n: int) -> bytes:
     have = len(head)
     recv = sock.recv
     while have < n:
-        chunk = recv(min(n - have, 1 << 20))
-        if not chunk:
-            raise redis.ConnectionError("Connection closed by server.")
+        chunk = _received(recv(min(n - have, 1 << 20)))
         parts.append(chunk)
         have += len(chunk)
     return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -185,10 +182,7 @@ def _recv_crlf(sock: socket.socket, head: bytes) -> bytes:
     read already); checked, so a reply out of step is refused."""
     data = head
     while len(data) < 2:
-        more = sock.recv(_RECV)
-        if not more:
-            raise redis.ConnectionError("Connection closed by server.")
-        data += more
+        data += _received(sock.recv(_RECV))
     if data[:2] != b"\r\n":
         raise redis.InvalidResponse("a value not ended by CRLF")
     return data
