@@ -84,6 +84,7 @@ The lookahead operator :func:`prefetching` lives in :mod:`mlcache._lookahead`.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import os
 import threading
@@ -841,15 +842,25 @@ class Prefetcher:
             self.counters["prefetched"] += len(loaded)
 
     def install(self, limit: int) -> int:
-        """Operator thread: decode and insert up to ``limit`` staged reads, oldest first."""
+        """Operator thread: decode and insert up to ``limit`` staged reads, those expected
+        soonest first.
+
+        Fetch threads stage their batches in the order the batches finish, which with several
+        threads is not the order of use: when more than ``limit`` reads wait, the ones with the
+        smallest expected-use time go first, so the next record's key is never left behind
+        keys needed later.
+        """
         if not self._staged:
             return 0
         with self._cond:
             staged = self._staged
             full = self._thread_idle()
+            if len(staged) <= limit:
+                chosen = list(staged)
+            else:
+                chosen = heapq.nsmallest(limit, staged, key=lambda kb: staged[kb][1])
             items = []
-            while staged and len(items) < limit:
-                kb = next(iter(staged))
+            for kb in chosen:
                 raw, ts, t0, seq = staged.pop(kb)
                 self._staged_bytes -= len(raw)
                 items.append((kb, raw, ts, t0, seq))

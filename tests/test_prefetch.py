@@ -764,3 +764,38 @@ def test_inline_operator_reads_the_last_keys_when_the_input_ends(tmp_path):
     # only the first two records find their keys queued: record 0 is read and handed over in
     # one call, and record 1's key is left to its own get by the first batch
     assert st["late"] <= 2 and st["useful"] >= n - 2
+
+
+def test_operator_installs_staged_reads_in_order_of_use(tmp_path, redis_url):
+    # Regression: with two fetch threads, the batch of later keys can be staged before the
+    # batch of earlier ones; installing in staging order left the next record's key staged
+    # (not resident) when its record was handed over.
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=400, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="pf-order"),), namespace="op",
+                      prefetch=PrefetchConfig(hot_threshold=16, fetch_mode="threads"))
+    _fill(cfg, [(i, i * 10) for i in range(40)])
+    with CacheManager(cfg) as m:
+        m.hint(0, 0)                       # starts the prefetcher
+        p = _prefetcher(m)
+        _wait_idle(p)
+        class Operator:       # what attach() holds: any object standing for the operator
+            pass
+
+        operator = Operator()
+        p.attach(operator)
+        try:
+            seq = m._wb.wseq
+            encode = m._codec.encode
+            # staged as a second thread would leave them: keys 20..29 (used later) first
+            for i in [*range(20, 30), *range(10, 20)]:
+                raw = encode(i * 10)
+                p._staged[m._encode_key(i)] = (raw, float(i), time.perf_counter(), seq)
+                p._staged_bytes += len(raw)
+            assert p.install(8) == 8
+            assert [i for i in range(10, 30) if m._resident(m._encode_key(i))] == \
+                list(range(10, 18))
+            assert p.install(100) == 12
+            assert all(m._resident(m._encode_key(i)) for i in range(10, 30))
+            assert [m.get(i) for i in range(10, 30)] == [i * 10 for i in range(10, 30)]
+        finally:
+            p.detach(operator)
