@@ -831,6 +831,11 @@ class CacheManager(ReadPath, KeyView):
         with self._lock:
             obj = self._structures.get((kind, name))
         if obj is not None:
+            # open already: options given again must still match what it was made with
+            # (a quadtree's bounds, page_levels), exactly as a reopen after close() checks them
+            check = getattr(obj, "_check_meta", None)
+            if kw and check is not None:
+                check(obj._meta, **kw)
             return obj
         # The factory reads the structure's metadata, which may go to the lower levels and
         # wait for io_lock; holding self._lock meanwhile deadlocks with a writer thread that

@@ -339,3 +339,18 @@ def test_drop_frees_and_object_stays_usable(manager):
     assert len(d) == 0 and list(d) == [] and list(manager.namespace("dict:tmp").keys()) == []
     d[3] = 3
     assert d == {3: 3}
+
+
+def test_options_of_a_structure_already_open_are_checked(manager):
+    # Regression: manager.structure() returned an already-open structure without looking at the
+    # options, so other bounds were silently ignored while the same call after close() raised.
+    q = manager.quadtree("open-q", (0, 0, 10, 10))
+    q.insert(1.0, 1.0, "a")
+    assert manager.quadtree("open-q", (0, 0, 10, 10)) is q
+    assert manager.structure("quadtree", "open-q") is q
+    with pytest.raises(ValueError, match="exists with bounds"):
+        manager.quadtree("open-q", (0, 0, 1, 1))
+    with pytest.raises(ValueError, match="exists with page_levels"):
+        manager.quadtree("open-q", (0, 0, 10, 10), page_levels=None)
+    d = manager.dict("open-d")
+    assert manager.dict("open-d") is d
