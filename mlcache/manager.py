@@ -176,10 +176,12 @@ class CacheManager(ReadPath, KeyView):
     def _reserved_bytes(self, raw_keep: int) -> int:
         """Memory a bytes-bounded heap's budget covers beside its entries (each bounded):
         the eviction buffer with the batch being written, a level client's copy of that
-        batch, the large encodings mutation tracking keeps, the key memos, the write log,
+        batch (up to a batch: the Redis level joins values under 16 KB behind their
+        headers), the large encodings mutation tracking keeps, the key memos, the write log,
         and once hints are used the prefetcher's staged reads."""
         buffer = self._wb.buffer_bytes_max or 0
-        return (buffer + buffer // 4 + raw_keep + self._memo_total * _MEMO_ENTRY
+        batch = self._wb.batch_bytes_max or 0
+        return (buffer + batch + raw_keep + self._memo_total * _MEMO_ENTRY
                 + _WLOG_KEYS * _LOGGED_KEY + self._prefetch_reserve)
 
     def _recharge(self) -> None:
