@@ -114,6 +114,28 @@ def _level(url: str, **kw) -> RedisLevel:
     return RedisLevel(RedisConfig(url=url, prefix=f"pieces-{uuid.uuid4().hex[:8]}", **kw))
 
 
+def test_redis_level_packs_batches_of_plain_bytes_itself(redis_url, monkeypatch):
+    """An unbounded level packs every MSET itself (values of any size, protocol-looking bytes,
+    bytes-like values, an empty value), the last value of a key given twice wins, and a
+    batch over the chunk size is several MSETs on one connection, each reply read."""
+    level = _level(redis_url)
+    awkward = [b"", b"\r\n", b"$5\r\nhello\r\n", b"*1\r\n:1\r\n", bytes(range(256)) * 70]
+    items = [(b"k%d" % i, v) for i, v in enumerate(awkward)]
+    items += [(b"ba", bytearray(b"from a bytearray")), (b"mv", memoryview(b"from a view")),
+              (b"k0", b"second write of k0")]
+    assert level.put_many(items) == []
+    keys = [b"k%d" % i for i in range(len(awkward))] + [b"ba", b"mv"]
+    assert level.get_many(keys) == [b"second write of k0", *awkward[1:], b"from a bytearray",
+                                    b"from a view"]
+    monkeypatch.setattr(redis_level, "_CHUNK", 2)
+    many = [(b"m%d" % i, b"v%d\r\n" % i * (i + 1)) for i in range(7)]
+    assert level.put_many(many) == []
+    assert level.get_many([k for k, _ in many]) == [v for _, v in many]
+    client = level._connect()
+    assert client.ping()   # the connection is still in step after the pipelined replies
+    level.close()
+
+
 def test_redis_level_writes_pieces_and_bytes_in_one_batch(redis_url, monkeypatch):
     codec = Codec()
     level = _level(redis_url)
@@ -299,3 +321,34 @@ def test_out_of_memory_reply_is_a_capacity_error(redis_url):
         client.close()
     finally:
         server.cleanup()
+
+
+# -- batches -------------------------------------------------------------------------------------
+
+def test_a_write_takes_everything_queued_up_to_the_buffer_bound(redis_url):
+    """The writer takes what is queued in one write, up to the buffer's byte bound (a batch is
+    counted against that bound while it is written), and the heap budget is charged for a
+    level client's copy of such a batch beside the buffer itself."""
+    config = CacheConfig(heap=HeapConfig(max_bytes=4 << 20, policy="lru"),
+                         levels=(RedisConfig(url=redis_url, prefix=f"b-{uuid.uuid4().hex[:8]}"),))
+    with CacheManager(config) as m:
+        wb = m._wb
+        limit = wb.buffer_bytes_max
+        assert limit and wb.batch_bytes_max == limit
+        assert m._heap.reserved >= 2 * limit
+        with m._lock:   # the writer thread cannot take them meanwhile
+            for i in range(40):
+                wb.enqueue(b"q%d" % i, os.urandom(limit // 50))
+            taken = wb.buffer.take(0, wb.batch_size, wb.batch_bytes_max)
+            assert len(taken) == 40 and len(wb.buffer) == 0
+            for key, data in taken:
+                wb.buffer.add(0, key, data)
+            # past the bound a batch stops (one entry over it at most)
+            for i in range(40, 100):
+                wb.enqueue(b"q%d" % i, os.urandom(limit // 50))
+            taken = wb.buffer.take(0, wb.batch_size, wb.batch_bytes_max)
+            assert 50 <= len(taken) <= 51
+            for key, data in taken:
+                wb.buffer.add(0, key, data)
+        m.flush()
+        assert m.stats()["writeback"]["pending"] == 0
