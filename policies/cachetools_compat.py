@@ -58,12 +58,19 @@ class _PolicyCache(cachetools.Cache):
         # through __missing__, without a Python-level raise (a subclass that defines
         # __missing__ gets _getitem_missing instead, see __init_subclass__).
         value = self._data[key]
+        # Bound methods are read into locals before the call: `self._x(key)` on an instance
+        # attribute, or a method of an OrderedDict (which has an instance __dict__), compiles
+        # to a LOAD_METHOD that CPython 3.11 cannot specialise, so it would take the generic
+        # lookup (type, then instance dict) on every hit.
+        move = self._move
         try:  # the common hit, inlined: W-TinyLFU's protected segment
-            self._hot.move_to_end(key)
+            move(key)
         except KeyError:
-            self._access(key)
+            access = self._access
+            access(key)
             return value
-        self._logged(key)
+        logged = self._logged
+        logged(key)
         return value
 
     def _getitem_missing(self, key: Hashable) -> Any:
@@ -83,24 +90,27 @@ class _PolicyCache(cachetools.Cache):
         value = self._data.get(key, _MISSING)
         if value is _MISSING:
             return default
+        move = self._move
         try:
-            self._hot.move_to_end(key)
+            move(key)
         except KeyError:
-            self._access(key)
+            access = self._access
+            access(key)
             return value
-        self._logged(key)
+        logged = self._logged
+        logged(key)
         return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
         data = self._data
-        if self._unit:  # no getsizeof, maxsize >= 1
-            if key in data:
+        p = self._steady
+        if p is None:
+            if self._unit:  # no getsizeof, maxsize >= 1, a policy's own miss path
+                if key in data:
+                    data[key] = value
+                    self._access(key)
+                    return
                 data[key] = value
-                self._access(key)
-                return
-            data[key] = value
-            p = self._steady
-            if p is None:  # not W-TinyLFU's own miss path
                 lost = self._miss(key)
                 try:
                     del data[lost]  # the steady path: one key left
@@ -108,6 +118,13 @@ class _PolicyCache(cachetools.Cache):
                     for victim in lost:
                         del data[victim]
                 return
+        else:  # unit weights, W-TinyLFU itself: its steady miss, written out below
+            if key in data:
+                data[key] = value
+                access = self._access
+                access(key)
+                return
+            data[key] = value
             # WTinyLFUPolicy._miss, written out here (the call was ~4% of a memoized miss on the
             # Zipf bench): the same statements on the policy's attributes, keep the two in step
             # (test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps compares them; the
@@ -127,9 +144,9 @@ class _PolicyCache(cachetools.Cache):
                     for victim in p._add(key, 1, False):
                         del data[victim]
                     return
-            window = p._window
-            window[key] = 1
-            cand = window.popitem(False)[0]
+            p._window[key] = 1
+            pop = self._wpop  # (the OrderedDict's bound popitem: see __getitem__)
+            cand = pop(False)[0]
             m = hash((cand, p._seed))
             mask = p._mask
             i = m & mask
@@ -138,14 +155,16 @@ class _PolicyCache(cachetools.Cache):
             f = t[i] & 15
             if f >= bar:
                 if not f:
-                    del data[p._settle(cand, victim, 0)]
+                    settle = self._settle
+                    del data[settle(cand, victim, 0)]
                     return
                 b = ((m >> 32) | 1) & mask
                 i = (i + b) & mask
                 c = t[i] >> 4
                 if c >= bar:
                     if not c:
-                        del data[p._settle(cand, victim, 0)]
+                        settle = self._settle
+                        del data[settle(cand, victim, 0)]
                         return
                     if c < f:
                         f = c
@@ -154,14 +173,16 @@ class _PolicyCache(cachetools.Cache):
                     c = t[i + w] & 15
                     if c >= bar:
                         if not c:
-                            del data[p._settle(cand, victim, 0)]
+                            settle = self._settle
+                            del data[settle(cand, victim, 0)]
                             return
                         if c < f:
                             f = c
                         i = (i + b) & mask
                         c = t[i + w] >> 4
                         if c >= bar:
-                            del data[p._settle(cand, victim, c if c < f else f)]
+                            settle = self._settle
+                            del data[settle(cand, victim, c if c < f else f)]
                             return
             del data[cand]
             ticks = p._ticks - 1
@@ -251,13 +272,18 @@ class _PolicyCache(cachetools.Cache):
         # W-TinyLFU's steady miss is written out in __setitem__ (for the policy class itself,
         # not a subclass that may change it).
         own = getattr(type(policy), "_miss", None) is WTinyLFUPolicy._miss
-        self._steady = policy if own else None
         self._unit = self._sizes is None and self._maxsize >= 1
+        self._steady = policy if own and self._unit else None
         # W-TinyLFU's hit on a protected entry is "move to the MRU end, count one use"; the
-        # cache does it itself (one call less per hit). The dicts are never rebound.
+        # cache does it itself (one call less per hit). The dicts are never rebound, so their
+        # bound methods are kept (see __getitem__ for why bound methods).
         hot = getattr(policy, "_protected", None)
         self._hot = OrderedDict() if hot is None else hot
+        self._move = self._hot.move_to_end
         self._logged = getattr(policy, "_logged", None) or [].append
+        if own:
+            self._wpop = policy._window.popitem
+            self._settle = policy._settle
 
     def clear(self) -> None:
         self._data.clear()
