@@ -136,6 +136,21 @@ def test_redis_level_packs_batches_of_plain_bytes_itself(redis_url, monkeypatch)
     level.close()
 
 
+def test_redis_level_packs_its_deletes_itself(redis_url, monkeypatch):
+    """delete_many on an unbounded level: one UNLINK per chunk, pipelined, awkward keys and a
+    key given twice included; absent keys are no error; the connection stays in step."""
+    level = _level(redis_url)
+    keys = [b"d%d" % i for i in range(7)] + [b"\r\n$3\r\nodd", b"", b"*"]
+    assert level.put_many([(k, b"v" + k) for k in keys]) == []
+    level.delete_many([keys[0], keys[0], b"never-written"])
+    assert level.get_many(keys[:2]) == [None, b"vd1"]
+    monkeypatch.setattr(redis_level, "_CHUNK", 2)
+    level.delete_many(keys[1:])
+    assert level.get_many(keys) == [None] * len(keys)
+    assert level.put_many([(b"after", b"x")]) == [] and level.get(b"after") == b"x"
+    level.close()
+
+
 def test_redis_level_writes_pieces_and_bytes_in_one_batch(redis_url, monkeypatch):
     codec = Codec()
     level = _level(redis_url)
