@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import sys
+import struct
 from itertools import chain, filterfalse
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -47,6 +48,14 @@ _FLOATS = frozenset((float, type(None)))
 _UNTRACKED = frozenset((bytes, int, float, bool, type(None)))
 _STR = {str}
 _getsizeof = sys.getsizeof
+# A leaf whose points all have float coordinates and a float time (none NaN) keeps them
+# *packed*: ``[coords, data, data, ...]``, ``coords`` one ``bytes`` of the doubles x, y, ts per
+# point (see ``_recs``). Per point: a slot of the list with growth slack (9) and 24 bytes of
+# doubles; per leaf: a slot for ``coords`` and the bytes object's header and rounding (33 + 23).
+PACKED_HEAD = 9 + 56
+PACKED_POINT = 9 + 24
+_FLOAT_ONLY = {float}
+_isnan = math.isnan
 
 
 class Point(NamedTuple):
@@ -75,8 +84,79 @@ def _min_ts(a: float | None, b: float | None) -> float | None:
 
 
 def _recs(pts: list) -> Iterator[tuple]:
-    """The ``(x, y, data, ts)`` records of a leaf's flat point list."""
+    """The ``(x, y, data, ts)`` records of a leaf's points, packed or flat."""
+    if pts and type(pts[0]) is bytes:
+        v = memoryview(pts[0]).cast("d").tolist()
+        return zip(v[0::3], v[1::3], pts[1:], v[2::3])
     return zip(pts[0::4], pts[1::4], pts[2::4], pts[3::4])
+
+
+def _xys(pts: list) -> Iterator[tuple]:
+    """The ``(x, y)`` of a leaf's points, packed or flat (no times or data made)."""
+    if pts and type(pts[0]) is bytes:
+        v = memoryview(pts[0]).cast("d")
+        return zip(v[0::3].tolist(), v[1::3].tolist())
+    return zip(pts[0::4], pts[1::4])
+
+
+def is_packed(pts: list) -> bool:
+    """Whether a leaf's points are packed (``[coords, data, ...]``, see ``PACKED_HEAD``)."""
+    return bool(pts) and type(pts[0]) is bytes
+
+
+def n_points(pts: list) -> int:
+    """How many points a leaf's point list holds, packed or flat."""
+    if pts and type(pts[0]) is bytes:
+        return len(pts) - 1
+    return len(pts) >> 2
+
+
+def packable(numbers: list) -> bool:
+    """Whether ``[x, y, ts, x, y, ts, ...]`` can be packed as doubles exactly: all floats (not
+    a subclass, not None, not an int) and no NaN time (x and y are checked against the
+    bounds, so never NaN). Times summing to NaN (+inf and -inf, never the usual batch) keep
+    the points unpacked too, which is only the slower layout."""
+    if not set(map(type, numbers)) <= _FLOAT_ONLY:
+        return False
+    total = sum(numbers[2::3])
+    return total == total
+
+
+def pack_values(values: list) -> bytes:
+    """The doubles ``values`` as bytes (the ``coords`` of a packed leaf)."""
+    packer = _PACKERS.get(len(values))
+    if packer is None:
+        packer = struct.Struct(f"{len(values)}d")
+        if len(values) <= 3 * 1024:
+            _PACKERS[len(values)] = packer
+    return packer.pack(*values)
+
+
+# struct.Struct by number of doubles: packing a leaf's numbers (converted by
+# PyFloat_AsDouble) costs half of array("d", ...)'s per-item argument parsing
+_PACKERS: dict[int, struct.Struct] = {}
+
+
+def flat_points(pts: list) -> list:
+    """A leaf's points as a flat ``[x, y, data, ts, ...]`` list (a new list)."""
+    if pts and type(pts[0]) is bytes:
+        return list(chain.from_iterable(_recs(pts)))
+    return pts[:]
+
+
+def packed_points(flat: list) -> list:
+    """The point list a leaf keeps for the flat ``[x, y, data, ts, ...]`` records: packed if
+    every coordinate and time can be, else ``flat`` itself."""
+    if not flat:
+        return flat
+    n = len(flat) >> 2
+    values = [0.0] * (3 * n)
+    values[0::3], values[1::3], values[2::3] = flat[0::4], flat[1::4], flat[3::4]
+    if not packable(values):
+        return flat
+    out = [pack_values(values)]
+    out.extend(flat[2::4])
+    return out
 
 
 def _min_of(values: Iterable[float | None]) -> float | None:
@@ -170,7 +250,10 @@ def float_flat(pts: list) -> bool:
 
 
 def points_size(pts: list) -> int:
-    """Bytes taken by the points of a flat ``[x, y, data, ts, ...]`` list (not its header)."""
+    """Bytes taken by the points of a leaf's point list (not the list's header)."""
+    if pts and type(pts[0]) is bytes:
+        datas = pts[1:]
+        return PACKED_HEAD + PACKED_POINT * len(datas) + data_size(datas)
     datas = pts[2::4]
     size = SLOTS_PER_POINT * len(datas) + data_size(datas)
     coords = pts[0::4] + pts[1::4] + pts[3::4]

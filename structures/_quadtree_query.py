@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, X0, X1, Y0, Y1, Point, _mindist2,
-                                 _recs)
+                                 _recs, _xys)
 
 __all__: list[str] = []
 
@@ -69,8 +69,8 @@ class _QuadtreeQueries:
                 total += node[COUNT]
                 return False
             if node[KIDS] is None:
-                total += sum(1 for r in _recs(node[PTS])
-                             if x0 <= r[0] <= x1 and y0 <= r[1] <= y1)
+                total += sum(1 for px, py in _xys(node[PTS])
+                             if x0 <= px <= x1 and y0 <= py <= y1)
             return True
 
         self._walk(visit)
@@ -151,16 +151,16 @@ class _QuadtreeQueries:
                 out[(ix, iy)] = out.get((ix, iy), 0) + node[COUNT]
                 return False
             if node[KIDS] is None:
-                for rec in _recs(node[PTS]):
+                for px, py in _xys(node[PTS]):
                     cx, cy = ix, iy
                     x0, y0, x1, y1 = node[X0], node[Y0], node[X1], node[Y1]
                     for _ in range(depth - nd):
                         mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
-                        if rec[0] >= mx:
+                        if px >= mx:
                             cx, x0 = 2 * cx + 1, mx
                         else:
                             cx, x1 = 2 * cx, mx
-                        if rec[1] >= my:
+                        if py >= my:
                             cy, y0 = 2 * cy + 1, my
                         else:
                             cy, y1 = 2 * cy, my

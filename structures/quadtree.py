@@ -17,8 +17,14 @@ than in the tree's own work. With pages a batch puts ~15 entries and reads one o
 level, and an aging tree moves down in ~20 writes.
 
 ``children`` is ``None`` at a leaf, else the ids of the four quadrants (SW, SE, NW, NE);
-``points`` is ``None`` inside, and at a leaf one flat list ``[x, y, data, ts, x, y, data, ts,
-...]``; ``count`` is the number of points in the subtree, so density questions
+``points`` is ``None`` inside, and at a leaf a list in one of two forms: *packed*,
+``[coords, data, data, ...]`` with ``coords`` one ``bytes`` of the doubles ``x, y, ts`` of
+every point, when all of them are floats (the usual stream: a leaf is then a handful of
+objects, which the heap, the garbage collector and the encoder of an evicted page walk far
+faster than four objects a point), else flat, ``[x, y, data, ts, x, y, data, ts, ...]``, so
+that ints, ``None`` times and float subclasses come back as they went in. A leaf goes flat
+when a point that cannot be packed joins it, and is packed again when a split, merge, prune
+or remove rebuilds it from points that all can be; ``count`` is the number of points in the subtree, so density questions
 (``count(rect)``, ``grid_counts(depth)``) stop at the highest node that lies inside the region
 and never read its leaves; ``tmin`` is a lower bound of the subtree's timestamps, so
 ``prune_older(t)`` skips subtrees with nothing to drop; ``size`` is the memory the node takes
@@ -74,11 +80,11 @@ from mlcache._readpath import MISSING as _MISSING
 from mlcache.levels.heap import _alloc
 
 from ._quadtree_geometry import ANY as _ANY
-from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE, PTS,
-                                 ROOT, SIZE, TMIN, X0, X1, Y0, Y1, Point, _check_bounds,
-                                 _child_bounds, _min_of, _min_ts, _quadrant, _quadtree_meta,
-                                 _recs, ascii_strings, data_size, float_flat, float_points,
-                                 node_size,
+from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE,
+                                 PACKED_HEAD, PACKED_POINT, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1,
+                                 Point, _check_bounds, _child_bounds, _min_of, _min_ts, _quadrant,
+                                 _quadtree_meta, _recs, ascii_strings, data_size, flat_points,
+                                 n_points, node_size, pack_values, packed_points,
                                  points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
 from ._quadtree_query import _QuadtreeQueries
@@ -156,20 +162,28 @@ class _QuadtreeOps(_QuadtreeQueries):
         All points are checked before anything is written, so a bad point changes nothing."""
         bx0, by0, bx1, by1 = self._meta["bounds"]
         recs = []
+        # whether the points can be packed (see _quadtree_geometry.packable): checked here,
+        # a few bytecodes a point, rather than by a pass over the batch
+        packs = True
         for p in points:
             n = len(p)
             x, y = p[0], p[1]
             if not (bx0 <= x <= bx1 and by0 <= y <= by1):
                 self._point(x, y, None, None)   # raises the ValueError naming the point
-            recs.append([x, y, p[2] if n > 2 else None, p[3] if n > 3 else None])
+            ts = p[3] if n > 3 else None
+            if packs and not (type(x) is float and type(y) is float and type(ts) is float
+                              and ts == ts):
+                packs = False
+            # [x, y, ts, data]: the three numbers together, as a packed leaf keeps them
+            recs.append([x, y, ts, p[2] if n > 2 else None])
         if not recs:
             return 0
-        datas = [r[2] for r in recs]
+        datas = [r[3] for r in recs]
         if self._nests(datas):
             store = self._store
             for r in recs:
-                r[2] = store(r[2])
-            datas = [r[2] for r in recs]
+                r[3] = store(r[3])
+            datas = [r[3] for r in recs]
         self._check_data(datas)   # fails before any change
         # Route the batch down first, reading every node on the way (the only I/O), and
         # change the nodes after: a level failing midway leaves them as they were.
@@ -195,32 +209,51 @@ class _QuadtreeOps(_QuadtreeQueries):
             groups = deeper
         capacity, max_depth = self._meta["capacity"], self._meta["max_depth"]
         sized = self._sized
-        # the common batch (float coordinates and times, flat data) is weighed per leaf by its
-        # data alone; see _quadtree_geometry.points_size
-        fast = sized and float_points(recs)
-        # all ASCII strings (the usual data): a leaf's share weighs _ASCII + len each
-        ascii_data = fast and ascii_strings(datas)
+        # float coordinates and times (the usual batch) go into the leaves packed (see
+        # _quadtree_geometry.PACKED_HEAD)
+        # all ASCII strings (the usual data): a packed leaf's share weighs _ASCII + len each
+        ascii_data = sized and packs and ascii_strings(datas)
         touched: dict[int, list] = {}
         for nid, node, batch in route:
             touched[nid] = node
             node[COUNT] += len(batch)
             tmin = node[TMIN]
             for rec in batch:
-                if rec[3] is not None and (tmin is None or rec[3] < tmin):
-                    tmin = rec[3]
+                if rec[2] is not None and (tmin is None or rec[2] < tmin):
+                    tmin = rec[2]
             node[TMIN] = tmin
             if node[KIDS] is not None:
                 continue
             pts = node[PTS]
+            if packs and (not pts or type(pts[0]) is bytes):
+                numbers = list(chain.from_iterable(batch))
+                new_data = numbers[3::4]
+                del numbers[3::4]
+                coords = pack_values(numbers)
+                if pts:
+                    pts[0] += coords
+                else:
+                    pts.append(coords)
+                    if sized:
+                        node[SIZE] += PACKED_HEAD
+                start = len(pts)
+                pts.extend(new_data)
+                if start - 1 + len(batch) > capacity and node[DEPTH] < max_depth:
+                    self._split_packed(nid, node, pts, touched, capacity, max_depth)
+                elif ascii_data:
+                    node[SIZE] += ((PACKED_POINT + ASCII) * len(batch)
+                                   + sum(map(len, pts[start:])))
+                elif sized:
+                    node[SIZE] += PACKED_POINT * len(batch) + data_size(pts[start:])
+                continue
+            if pts and type(pts[0]) is bytes:   # a packed leaf gets points that cannot be
+                pts = node[PTS] = flat_points(pts)
+                self._resize(node)
             start = len(pts)
-            pts.extend(chain.from_iterable(batch))
+            for rec in batch:
+                pts += (rec[0], rec[1], rec[3], rec[2])
             if len(pts) > 4 * capacity and node[DEPTH] < max_depth:
                 self._split(nid, node, pts, touched, capacity, max_depth)
-            elif ascii_data:
-                node[SIZE] += ((FLOAT_POINT + ASCII) * len(batch)
-                               + sum(map(len, pts[start + 2::4])))
-            elif fast:
-                node[SIZE] += FLOAT_POINT * len(batch) + data_size(pts[start + 2::4])
             elif sized:
                 node[SIZE] += points_size(pts[start:])
         # deepest first: the heap's recency then favours the upper levels, which every
@@ -237,10 +270,8 @@ class _QuadtreeOps(_QuadtreeQueries):
         return [first, first + 1, first + 2, first + 3]
 
     def _split(self, nid: int, node: list, pts: list, touched: dict[int, list], capacity: int,
-               max_depth: int, fast: bool | None = None) -> None:
-        """Split leaf ``node`` holding ``pts``. ``fast``: whether all of ``pts`` have float
-        coordinates and times and ASCII string data (each then weighs ``FLOAT_POINT + ASCII``
-        and its length), checked once here for a sized tree and handed down."""
+               max_depth: int) -> None:
+        """Split leaf ``node`` holding the flat points ``pts`` (points that cannot be packed)."""
         kids = self._kid_ids(nid)
         self._meta["nodes"] += 4
         parts: list[list] = [[], [], [], []]
@@ -250,8 +281,6 @@ class _QuadtreeOps(_QuadtreeQueries):
         sized = self._sized
         if sized:
             node[SIZE] = INNER_SIZE
-            if fast is None:
-                fast = float_flat(pts) and ascii_strings(pts[2::4])
         for q in range(4):
             part = parts[q]
             cx0, cy0, cx1, cy1 = _child_bounds(node, q)
@@ -260,14 +289,59 @@ class _QuadtreeOps(_QuadtreeQueries):
                      _min_of(part[3::4]), 0]
             touched[kids[q]] = child
             if len(part) > 4 * capacity and child[DEPTH] < max_depth:
-                self._split(kids[q], child, part, touched, capacity, max_depth, fast)
+                self._split(kids[q], child, part, touched, capacity, max_depth)
             else:
-                child[PTS] = part
-                if fast:
-                    child[SIZE] = (LEAF_SIZE + (FLOAT_POINT + ASCII) * (len(part) >> 2)
-                                   + sum(map(len, part[2::4])))
-                elif sized:
+                child[PTS] = part = packed_points(part)
+                if sized:
                     child[SIZE] = LEAF_SIZE + points_size(part)
+
+    def _split_packed(self, nid: int, node: list, pts: list, touched: dict[int, list],
+                      capacity: int, max_depth: int) -> None:
+        """Split leaf ``node`` holding the packed points ``pts``."""
+        v = memoryview(pts[0]).cast("d").tolist()
+        datas = pts[1:]
+        # ascii: every datum an ASCII string, each weighing ASCII + its length (checked once)
+        self._split_records(nid, node, list(zip(v[0::3], v[1::3], v[2::3])), datas, touched,
+                            capacity, max_depth, self._sized and ascii_strings(datas))
+
+    def _split_records(self, nid: int, node: list, xyts: list, datas: list,
+                       touched: dict[int, list], capacity: int, max_depth: int,
+                       ascii: bool) -> None:
+        kids = self._kid_ids(nid)
+        self._meta["nodes"] += 4
+        mx, my = (node[X0] + node[X1]) * 0.5, (node[Y0] + node[Y1]) * 0.5
+        parts: tuple[list, ...] = ([], [], [], [])
+        dparts: tuple[list, ...] = ([], [], [], [])
+        for xyt, datum in zip(xyts, datas):
+            q = (xyt[0] >= mx) | ((xyt[1] >= my) << 1)
+            parts[q].append(xyt)
+            dparts[q].append(datum)
+        node[KIDS], node[PTS] = kids, None
+        sized = self._sized
+        if sized:
+            node[SIZE] = INNER_SIZE
+        for q in range(4):
+            part, dpart = parts[q], dparts[q]
+            cx0, cy0, cx1, cy1 = _child_bounds(node, q)
+            # a list display of its items: exactly 10 slots (a starred one over-allocates)
+            child = [cx0, cy0, cx1, cy1, node[DEPTH] + 1, len(part), None, None,
+                     min(map(_TS, part)) if part else None, 0]
+            touched[kids[q]] = child
+            if len(part) > capacity and child[DEPTH] < max_depth:
+                self._split_records(kids[q], child, part, dpart, touched, capacity, max_depth,
+                                    ascii)
+                continue
+            if part:
+                cpts = [pack_values(list(chain.from_iterable(part)))]
+                cpts.extend(dpart)
+            else:
+                cpts = []
+            child[PTS] = cpts
+            if ascii:
+                child[SIZE] = (LEAF_SIZE + PACKED_HEAD + (PACKED_POINT + ASCII) * len(part)
+                               + sum(map(len, dpart))) if part else LEAF_SIZE
+            elif sized:
+                child[SIZE] = LEAF_SIZE + points_size(cpts)
 
     # -- remove and merge --------------------------------------------------------------------
 
@@ -284,7 +358,7 @@ class _QuadtreeOps(_QuadtreeQueries):
             if node[KIDS] is None:
                 break
             nid = node[KIDS][_quadrant(node, x, y)]
-        pts = node[PTS]
+        pts = flat_points(node[PTS])
         stored = _ANY if data is _ANY else self._store(data)
         for j in range(0, len(pts), 4):
             if pts[j] == x and pts[j + 1] == y and (stored is _ANY or pts[j + 2] == stored):
@@ -296,7 +370,7 @@ class _QuadtreeOps(_QuadtreeQueries):
         # they were (the heap holds the originals)
         path = [(pid, n[:]) for pid, n in path]
         node = path[-1][1]
-        node[PTS] = pts[:j] + pts[j + 4:]
+        node[PTS] = packed_points(pts[:j] + pts[j + 4:])
         for _, n in path:
             n[COUNT] -= 1
         self._resize(node)
@@ -332,14 +406,14 @@ class _QuadtreeOps(_QuadtreeQueries):
                 child = touched[kid] if kid in touched else found[kid]
                 gone.append(kid)
                 if child[KIDS] is None:
-                    flat = child[PTS]
+                    flat = flat_points(child[PTS])
                     points.extend(flat)
                     tmin = _min_ts(tmin, _min_of(flat[3::4]))
                 else:
                     nxt.extend(child[KIDS])
             frontier = nxt
         self._meta["nodes"] -= len(gone) - before
-        node[KIDS], node[PTS] = None, points
+        node[KIDS], node[PTS] = None, packed_points(points)
         node[COUNT], node[TMIN] = len(points) // 4, tmin
         self._resize(node)
 
@@ -380,10 +454,10 @@ class _QuadtreeOps(_QuadtreeQueries):
         if node[KIDS] is None:
             pts = node[PTS]
             keep = [v for rec in _recs(pts) if not drop(rec) for v in rec]
-            removed = (len(pts) - len(keep)) // 4
+            removed = n_points(pts) - len(keep) // 4
             if removed:
                 node = node[:]
-                node[PTS], node[COUNT], node[TMIN] = (keep, len(keep) // 4,
+                node[PTS], node[COUNT], node[TMIN] = (packed_points(keep), len(keep) // 4,
                                                       _min_of(keep[3::4]))
                 self._resize(node)
                 touched[nid] = node
@@ -440,7 +514,9 @@ class _QuadtreeOps(_QuadtreeQueries):
                 assert node[SIZE] == node_size(node), ("size", node[SIZE], node_size(node))
             if node[KIDS] is None:
                 pts = node[PTS]
-                assert 4 * node[COUNT] == len(pts), node
+                assert node[COUNT] == n_points(pts), node
+                if pts and type(pts[0]) is bytes:
+                    assert len(pts[0]) == 24 * (len(pts) - 1), node
                 for rec in _recs(pts):
                     assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
                     assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
@@ -714,6 +790,7 @@ _PAGE_INNER = {k: _PAGE_LEN[k] - 4 ** k for k in _PAGE_LEN}
 # the memory of a page's list of slots (the nodes are charged their own sizes)
 _PAGE_HEAD = {n: 64 + _alloc(8 * n) for n in _PAGE_LEN.values()}
 _size_of = itemgetter(SIZE)
+_TS = itemgetter(2)      # of an (x, y, ts) triple
 
 
 # msgpack of the node ids 0, 1, 2, ...: a node's key is its tree's prefix and this (what
@@ -721,6 +798,7 @@ _size_of = itemgetter(SIZE)
 _ID_KEYS: list[bytes] = []
 _ID_TABLE_MAX = 1 << 16
 _MIN_POINT = FLOAT_POINT + 32   # a point with float coordinates and the smallest datum (None)
+_MIN_PACKED = PACKED_POINT + 32   # a packed point with the smallest datum
 
 
 def _id_key(nid: int) -> bytes:
@@ -760,7 +838,13 @@ def _node_loaded_size(node: Any) -> int | None:
     if node[KIDS] is not None:
         return INNER_SIZE if node[SIZE] == INNER_SIZE else None
     pts = node[PTS]
-    if type(pts) is not list or node[SIZE] < LEAF_SIZE + _MIN_POINT * (len(pts) >> 2):
+    if type(pts) is not list:
+        return None
+    if pts and type(pts[0]) is bytes:
+        n = len(pts) - 1
+        if len(pts[0]) != 24 * n or node[SIZE] < LEAF_SIZE + PACKED_HEAD + _MIN_PACKED * n:
+            return None
+    elif node[SIZE] < LEAF_SIZE + _MIN_POINT * (len(pts) >> 2):
         return None
     return int(node[SIZE])
 

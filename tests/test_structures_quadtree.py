@@ -27,7 +27,11 @@ from _structures_support import LEVELS, MACHINE_SETTINGS, ManagerMachine, machin
 
 BOUNDS = (0.0, 0.0, 64.0, 64.0)
 COORD = st.one_of(st.integers(0, 64).map(float), st.sampled_from([0.5, 31.99, 32.0, 63.5]))
-POINTS = st.tuples(COORD, COORD, st.integers(0, 5), st.integers(0, 20))
+# times: floats (a leaf whose points all have float coordinates and times keeps them packed)
+# or ints (which must come back as ints: such a leaf keeps its points as objects), mixed in
+# one tree, so leaves go from one form to the other by inserts, removes, merges and prunes
+TS = st.one_of(st.integers(0, 20).map(float), st.integers(0, 20))
+POINTS = st.tuples(COORD, COORD, st.integers(0, 5), TS)
 
 
 def in_rect(p, x0, y0, x1, y1):
@@ -46,6 +50,12 @@ def cell_of(p, depth):
 
 def as_tuples(points):
     return sorted((p.x, p.y, p.data, p.ts) for p in points)
+
+
+def typed(points):
+    """Points with the type of each field, to check they come back as they went in."""
+    return sorted((p[0], p[1], p[2], p[3], type(p[3]).__name__, type(p[0]).__name__,
+                   type(p[2]).__name__) for p in points)
 
 
 class QuadtreeMachine(ManagerMachine):
@@ -135,6 +145,7 @@ class QuadtreeMachine(ManagerMachine):
         assert len(self.s) == len(self.model)
         self.s.verify()
         assert as_tuples(self.s) == sorted(self.model)
+        assert typed(self.s) == typed(self.model)
 
 
 @pytest.mark.parametrize("level_kind", LEVELS)
@@ -291,10 +302,16 @@ DATA = st.one_of(st.none(), st.integers(-10**30, 10**30), st.text(max_size=40),
 SIZED_POINTS = st.tuples(st.one_of(st.floats(0, 64), st.integers(0, 64)),
                          st.one_of(st.floats(0, 64), st.integers(0, 64)), DATA,
                          st.one_of(st.none(), st.floats(0, 1e9), st.integers(0, 2**62)))
+# all floats: these batches go into packed leaves (ASCII strings, the usual data, or any)
+PACKED_POINTS = st.tuples(st.floats(0, 64), st.floats(0, 64),
+                          st.one_of(st.text(st.characters(max_codepoint=127), max_size=12),
+                                    DATA),
+                          st.floats(0, 1e9))
 
 
 @settings(max_examples=15, deadline=None)
-@given(batches=st.lists(st.lists(SIZED_POINTS, max_size=40), min_size=1, max_size=5),
+@given(batches=st.lists(st.one_of(st.lists(SIZED_POINTS, max_size=40),
+                                  st.lists(PACKED_POINTS, max_size=40)), min_size=1, max_size=5),
        page_levels=st.sampled_from([None, 1, 2, 3]))
 def test_node_size_bounds_the_memory_of_live_and_reloaded_nodes(batches, page_levels,
                                                                 tmp_path_factory):
