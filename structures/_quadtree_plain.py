@@ -53,10 +53,6 @@ class PlainQuadtree(_QuadtreeOps):
         for k in ids:
             self._nodes_by_id.pop(k, None)
 
-    @staticmethod
-    def _check_data(values: list) -> None:
-        pass
-
     def drop(self) -> None:
         self._nodes_by_id.clear()
         self._meta.update(len=0, nodes=1, next=1)

@@ -104,7 +104,6 @@ class _QuadtreeOps(_QuadtreeQueries):
     _save_meta: Callable[[], None]
     _store: Callable[[Any], Any]
     _load: Callable[[Any], Any]
-    _check_data: Callable[[list], None]
     _keep: Callable[[list], None]
     _forget: Callable[[list], None]
 
@@ -141,9 +140,10 @@ class _QuadtreeOps(_QuadtreeQueries):
                              f"({x0!r}, {y0!r}, {x1!r}, {y1!r})")
         return [x, y, self._store(data), ts]
 
-    @staticmethod
-    def _nests(datas: list) -> bool:
-        """Whether some of ``datas`` must go through ``_store`` (structures, as references)."""
+    def _admit(self, recs: list, datas: list) -> bool:
+        """Make the data of an insert's ``[x, y, ts, data]`` records what the tree stores and
+        check it, raising before any change; return whether every datum is an ASCII string
+        (what a sized tree weighs from lengths alone). The plain tree stores anything."""
         return False
 
     def _resize(self, node: list) -> None:
@@ -179,12 +179,9 @@ class _QuadtreeOps(_QuadtreeQueries):
         if not recs:
             return 0
         datas = [r[3] for r in recs]
-        if self._nests(datas):
-            store = self._store
-            for r in recs:
-                r[3] = store(r[3])
-            datas = [r[3] for r in recs]
-        self._check_data(datas)   # fails before any change
+        # stores nested structures as references and checks the data (before any change);
+        # whether all data are ASCII strings
+        ascii_data = self._admit(recs, datas)
         # Route the batch down first, reading every node on the way (the only I/O), and
         # change the nodes after: a level failing midway leaves them as they were.
         route: list[tuple[int, list, list]] = []
@@ -212,7 +209,7 @@ class _QuadtreeOps(_QuadtreeQueries):
         # float coordinates and times (the usual batch) go into the leaves packed (see
         # _quadtree_geometry.PACKED_HEAD)
         # all ASCII strings (the usual data): a packed leaf's share weighs _ASCII + len each
-        ascii_data = sized and packs and ascii_strings(datas)
+        ascii_data = sized and packs and ascii_data
         touched: dict[int, list] = {}
         for nid, node, batch in route:
             touched[nid] = node
@@ -739,9 +736,17 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
 
     # -- the rest ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _nests(datas: list) -> bool:
-        return any(issubclass(t, Cacheable) for t in set(map(type, datas)))
+    def _admit(self, recs: list, datas: list) -> bool:
+        types = set(map(type, datas))
+        if types == _STR and all(map(str.isascii, datas)):
+            return True   # msgpack takes any ASCII string: nothing to check
+        if any(issubclass(t, Cacheable) for t in types):
+            store = self._store
+            for r in recs:
+                r[3] = store(r[3])
+            datas = [r[3] for r in recs]
+        self._check_data(datas)
+        return False
 
     @staticmethod
     def _check_data(values: list) -> None:
@@ -790,6 +795,7 @@ _PAGE_INNER = {k: _PAGE_LEN[k] - 4 ** k for k in _PAGE_LEN}
 # the memory of a page's list of slots (the nodes are charged their own sizes)
 _PAGE_HEAD = {n: 64 + _alloc(8 * n) for n in _PAGE_LEN.values()}
 _size_of = itemgetter(SIZE)
+_STR = {str}
 _TS = itemgetter(2)      # of an (x, y, ts) triple
 
 
