@@ -99,6 +99,14 @@ def _xys(pts: list) -> Iterator[tuple]:
     return zip(pts[0::4], pts[1::4])
 
 
+def _columns(pts: list) -> tuple[list, list]:
+    """The x and the y of a leaf's points, as two lists, packed or flat."""
+    if pts and type(pts[0]) is bytes:
+        v = memoryview(pts[0]).cast("d")
+        return v[0::3].tolist(), v[1::3].tolist()
+    return pts[0::4], pts[1::4]
+
+
 def is_packed(pts: list) -> bool:
     """Whether a leaf's points are packed (``[coords, data, ...]``, see ``PACKED_HEAD``)."""
     return bool(pts) and type(pts[0]) is bytes

@@ -9,13 +9,25 @@ leaves.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 from typing import Any
 
 from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, X0, X1, Y0, Y1, Point, _mindist2,
-                                 _recs, _xys)
+                                 _columns, _recs, _xys)
 
 __all__: list[str] = []
+
+
+def _halvings(lo: float, hi: float, levels: int) -> list[float]:
+    """The midpoints ``levels`` successive halvings of ``[lo, hi]`` make, in order (the
+    arithmetic of the halvings themselves: ``(lo + hi) * 0.5`` of each part)."""
+    if not levels:
+        return []
+    mid = (lo + hi) * 0.5
+    return _halvings(lo, mid, levels - 1) + [mid] + _halvings(mid, hi, levels - 1)
 
 
 class _QuadtreeQueries:
@@ -151,21 +163,19 @@ class _QuadtreeQueries:
                 out[(ix, iy)] = out.get((ix, iy), 0) + node[COUNT]
                 return False
             if node[KIDS] is None:
-                for px, py in _xys(node[PTS]):
-                    cx, cy = ix, iy
-                    x0, y0, x1, y1 = node[X0], node[Y0], node[X1], node[Y1]
-                    for _ in range(depth - nd):
-                        mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
-                        if px >= mx:
-                            cx, x0 = 2 * cx + 1, mx
-                        else:
-                            cx, x1 = 2 * cx, mx
-                        if py >= my:
-                            cy, y0 = 2 * cy + 1, my
-                        else:
-                            cy, y1 = 2 * cy, my
-                    if wanted is None or (cx, cy) in wanted[depth]:
-                        out[(cx, cy)] = out.get((cx, cy), 0) + 1
+                # a point's cell is where depth - nd halvings of the leaf take it: as many
+                # cells right as there are halving lines at or left of it (x >= mx goes
+                # right), the lines made by the very same halvings; counted in C
+                levels = depth - nd
+                xs, ys = _columns(node[PTS])
+                local = Counter(zip(map(bisect_right, repeat(_halvings(node[X0], node[X1],
+                                                                        levels)), xs),
+                                    map(bisect_right, repeat(_halvings(node[Y0], node[Y1],
+                                                                        levels)), ys)))
+                for (lx, ly), n in local.items():
+                    cell = ((ix << levels) + lx, (iy << levels) + ly)
+                    if wanted is None or cell in wanted[depth]:
+                        out[cell] = out.get(cell, 0) + n
                 return False
             return True
 

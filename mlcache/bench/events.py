@@ -412,8 +412,10 @@ def run(args: argparse.Namespace) -> BenchReport:
         # point lists, bounds, counts), the codec (nodes decoded on a load, and encoded ones
         # in the eviction buffer, so an upper bound) and this module (each point's hashtag).
         # Query results (the density dicts the detector keeps) come from the query module
-        # and are not counted; the points' coordinates are the input stream's floats, made
-        # before tracing, so they are not counted either, though the node sizes charge them.
+        # and are not counted. The points' coordinates are packed into bytes by the tree
+        # code (structures/_quadtree_geometry.py), so they are counted; in a leaf that keeps
+        # them as objects (ints, no time) they would be the input stream's own, made before
+        # tracing and not counted, though the node sizes charge them.
         node_files = ("structures/quadtree.py", "structures/_quadtree_geometry.py",
                       "mlcache/codec.py", "mlcache/bench/events.py")
         over: dict[int, float] = {}
