@@ -167,6 +167,28 @@ def test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps():
     assert set(cache) == set(policy.keys())
 
 
+def test_tinylfu_cache_after_clear_decides_like_a_fresh_policy():
+    # The hot paths call bound methods of the policy's dicts kept on the cache (see
+    # TinyLFUCache.__getitem__); clear() makes a new policy, so they must follow it: a cleared
+    # cache plays a trace exactly as a new policy does, and its old policy is left untouched.
+    from mlcache.bench.policies import _memoize_pass
+    from mlcache.policies.wtinylfu import WTinyLFUPolicy
+    from mlcache.sim import play, zipf
+
+    keys = zipf(20_000, n_keys=2_000, alpha=0.9, seed=7).keys
+    cache = TinyLFUCache(maxsize=100)
+    _memoize_pass(cache, keys[:5_000])
+    old = cache._policy
+    old_keys = list(old.keys())
+    cache.clear()
+    assert len(cache) == 0 and cache._policy is not old
+    hits, _ = _memoize_pass(cache, keys)
+    result = play(WTinyLFUPolicy(100), keys)
+    assert hits == result.hits
+    assert set(cache) == set(cache._policy.keys())
+    assert list(old.keys()) == old_keys
+
+
 def test_missing_hook_sees_hits_as_hits():
     class Loading(TinyLFUCache):
         def __missing__(self, key):
