@@ -239,9 +239,9 @@ class _QuadtreeOps(_QuadtreeQueries):
                     self._split_packed(nid, node, pts, touched, capacity, max_depth)
                 elif ascii_data:
                     node[SIZE] += ((PACKED_POINT + ASCII) * len(batch)
-                                   + sum(map(len, pts[start:])))
+                                   + sum(map(len, new_data)))
                 elif sized:
-                    node[SIZE] += PACKED_POINT * len(batch) + data_size(pts[start:])
+                    node[SIZE] += PACKED_POINT * len(batch) + data_size(new_data)
                 continue
             if pts and type(pts[0]) is bytes:   # a packed leaf gets points that cannot be
                 pts = node[PTS] = flat_points(pts)
