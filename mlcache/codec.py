@@ -283,7 +283,8 @@ class Codec:
         out = []
         append = out.append
         for data in items:
-            if len(data) < _LARGE and data[:1] == _MSGPACK_HEAD:
+            # (an Encoded -- a write-back's pieces -- is not sliceable: decode() joins it)
+            if len(data) < _LARGE and type(data) is not Encoded and data[:1] == _MSGPACK_HEAD:
                 try:
                     append(unpackb(data[1:], ext_hook=_ext_hook, raw=False,
                                    strict_map_key=False))
