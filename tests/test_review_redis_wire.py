@@ -91,3 +91,23 @@ def test_server_side_kill_raises_and_next_call_reconnects(redis_url):
         got = request_values(client, _mget([b"a"]))
     assert got == [b"1"]
     assert client.get(b"a") == b"1"
+
+
+def test_put_many_any_bytes_past_the_iovec_limit_then_get_many(redis_url):
+    from mlcache.codec import Encoded
+    from mlcache.config import RedisConfig
+    from mlcache.levels.redis import RedisLevel
+
+    level = RedisLevel(RedisConfig(url=redis_url, prefix="review"))
+    n = 1500   # > 512 buffers per sendmsg and > IOV_MAX (1024)
+    items = []
+    for i in range(n):
+        key = b"\r\n$%d\x00*" % i
+        value = TRICKY[i % len(TRICKY)] if i % 3 else b""
+        if i % 7 == 0:
+            value = Encoded([b"\x01", b"", value, b"\r\n"])
+        items.append((key, value))
+    level.put_many(items)
+    want = [bytes(v) if isinstance(v, Encoded) else v for _, v in items]
+    assert level.get_many([k for k, _ in items]) == want
+    assert level.get_many([b"nope", items[5][0]]) == [None, want[5]]
