@@ -46,12 +46,12 @@ __all__ = ["EvictionBuffer", "WriteBack"]
 _MAX_BACKOFF = 2.0
 _MIN_BACKOFF = 0.01  # a background writer never spins on a failing level
 # A writer that wakes to a short queue waits this long for a batch to fill before writing it.
-# A batch written by the writer thread costs ~0.3 ms of CPU beyond the write itself (taking the
-# GIL back after each blocking call, waking and switching threads, cold caches): evictions that
-# trickle in (a few pages per put) written every 5 ms spent more CPU on hand-offs than on the
-# writes. The buffer's bounds still hold while it waits: a put that finds the buffer full
-# writes it at once, in one batch, and a batch full in bytes goes without waiting.
-_LINGER = 0.05
+# Each batch the writer thread writes costs ~0.3 ms of CPU beyond the write (taking the GIL back
+# after each blocking call, thread switches), so a longer wait (50 ms, whole-buffer batches) cut
+# the writer's CPU in bench events; but the buffer then filled more often and the putting
+# thread wrote it synchronously, which cost bench levels' DEBS'22 goal (wall time) up to 0.2x:
+# an A/B of both settings, alternating, gave 0.98-1.09 with these and 0.99-1.31 with those.
+_LINGER = 0.005
 _WLOG = 64       # writes remembered for readers that overlapped them (``moved_since``)
 _WLOG_KEYS = 2048  # ... and at most this many of their keys (the log keeps evicted keys alive)
 
@@ -209,11 +209,12 @@ class WriteBack:
 
     @property
     def batch_bytes_max(self) -> int | None:
-        """Bytes of encodings one write takes at most (beyond its first entry): the whole
-        bound, which counts a batch while it is written (queued + in flight), so what is
-        queued goes down in one write. A level client's copy of a batch is charged to the
-        heap budget beside the buffer (see ``CacheManager._reserved_bytes``)."""
-        return self.buffer_bytes_max
+        """Bytes of encodings one write takes at most (beyond its first entry): a quarter of
+        the buffer's bound, so the buffer keeps room while a batch is written and puts seldom
+        find it full. A level client's copy of a batch is charged to the heap budget beside
+        the buffer (see ``CacheManager._reserved_bytes``)."""
+        limit = self.buffer_bytes_max
+        return None if limit is None else max(1, limit // 4)
 
     def _log_write(self, keys: Iterable[bytes] | None) -> None:
         """Lock held, right after ``wseq`` became odd: the keys this write may move."""
