@@ -38,6 +38,13 @@ def _prefetcher(m) -> Prefetcher:
     return p
 
 
+def _threads_config(redis_url, prefix):
+    """Over Redis, fetch threads staging their reads for a lookahead operator to install."""
+    return CacheConfig(heap=HeapConfig(policy="lru", max_entries=400, max_bytes=None),
+                       levels=(RedisConfig(url=redis_url, prefix=prefix),), namespace="op",
+                       prefetch=PrefetchConfig(hot_threshold=16, fetch_mode="threads"))
+
+
 def _wait_idle(p: Prefetcher, bound: float = 30.0) -> None:
     """Until the fetch threads have nothing left to do. (While an operator reads batches
     inline, queued keys wait for the operator's next record, not for a thread.)"""
@@ -69,9 +76,7 @@ def test_hinted_keys_are_resident_before_use(tmp_path):
 
 def test_operator_prefetches_before_use_when_slack_allows(tmp_path, redis_url):
     # fetch threads read while the records are processed; the operator installs their reads
-    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=400, max_bytes=None),
-                      levels=(RedisConfig(url=redis_url, prefix="pf1"),), namespace="op",
-                      prefetch=PrefetchConfig(hot_threshold=16, fetch_mode="threads"))
+    cfg = _threads_config(redis_url, "pf1")
     _fill(cfg, [(i, i * 10) for i in range(300)])
     with CacheManager(cfg) as m:
         it = prefetching(range(300), key=lambda r: r, cache=m, depth=16)
@@ -770,9 +775,7 @@ def test_operator_installs_staged_reads_in_order_of_use(tmp_path, redis_url):
     # Regression: with two fetch threads, the batch of later keys can be staged before the
     # batch of earlier ones; installing in staging order left the next record's key staged
     # (not resident) when its record was handed over.
-    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=400, max_bytes=None),
-                      levels=(RedisConfig(url=redis_url, prefix="pf-order"),), namespace="op",
-                      prefetch=PrefetchConfig(hot_threshold=16, fetch_mode="threads"))
+    cfg = _threads_config(redis_url, "pf-order")
     _fill(cfg, [(i, i * 10) for i in range(40)])
     with CacheManager(cfg) as m:
         m.hint(0, 0)                       # starts the prefetcher
