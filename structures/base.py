@@ -98,7 +98,10 @@ class Cacheable:
     # False for a structure that makes its contents' byte keys itself (the quadtree): its
     # namespace then keeps no key memo, which would only take a share of the heap budget.
     _memo_keys: ClassVar[bool] = True
-    __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "__weakref__")
+    # ``_ver`` counts changes made through this object (live objects are one per structure and
+    # manager), so an iterator can tell that the structure changed under it, as list's and
+    # dict's iterators do.
+    __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "_ver", "__weakref__")
 
     def __init__(self, manager: Any, name: str | None = None, **options: Any) -> None:
         raise TypeError(f"open a {type(self).__name__} with manager.{self.kind}(name) or "
@@ -131,6 +134,7 @@ class Cacheable:
             obj._manager = manager
             obj._name = name
             obj._metans = metans
+            obj._ver = 0
             ns_name = f"{cls.kind}:{name}"
             obj._ns = (manager.namespace(ns_name) if cls._memo_keys
                        else manager.namespace(ns_name, memo=False))

@@ -16,6 +16,9 @@ and friends).
 """
 from __future__ import annotations
 
+import operator
+import reprlib
+import sys
 from collections.abc import Iterable, Iterator, MutableSequence
 from typing import Any, SupportsIndex
 
@@ -25,6 +28,16 @@ __all__ = ["CacheableList", "DEFAULT_CHUNK_SIZE"]
 
 DEFAULT_CHUNK_SIZE = 256
 _BATCH_CHUNKS = 32
+_MAXSIZE = sys.maxsize
+
+
+def _slice_index(i: Any) -> int:
+    """An index argument of ``list.index``: an int or ``__index__`` (not None), as list says."""
+    if isinstance(i, int):
+        return i
+    if hasattr(type(i), "__index__"):
+        return operator.index(i)
+    raise TypeError("slice indices must be integers or have an __index__ method")
 
 
 class CacheableList(Cacheable, MutableSequence):
@@ -79,6 +92,7 @@ class CacheableList(Cacheable, MutableSequence):
         """Write ``items`` at physical positions ``p0, p0+1, ...`` (no length change here)."""
         if not items:
             return
+        self._ver += 1
         c = self._meta["chunk"]
         p1 = p0 + len(items)
         first, last = p0 // c, (p1 - 1) // c
@@ -102,6 +116,7 @@ class CacheableList(Cacheable, MutableSequence):
 
     def _truncate(self, n: int) -> None:
         """Keep the first ``n`` elements; drop the rest and the chunks they leave empty."""
+        self._ver += 1
         old = self._span()
         head, c = self._meta["head"], self._meta["chunk"]
         if n == 0:
@@ -133,6 +148,7 @@ class CacheableList(Cacheable, MutableSequence):
             self._save_meta()
 
     def _popleft(self) -> Any:
+        self._ver += 1
         head, c = self._meta["head"], self._meta["chunk"]
         cid, off = divmod(head, c)
         chunk = self._ns.get(cid)
@@ -153,6 +169,7 @@ class CacheableList(Cacheable, MutableSequence):
 
     def _advance_head(self, k: int) -> None:
         """Forget the first ``k`` elements (``0 < k < len``) by moving ``head``."""
+        self._ver += 1
         head, c = self._meta["head"], self._meta["chunk"]
         new_head = head + k
         dead = list(range(head // c, new_head // c))
@@ -170,7 +187,7 @@ class CacheableList(Cacheable, MutableSequence):
 
     def _index(self, i: Any, message: str) -> int:
         n = self._meta["len"]
-        i = i.__index__() if not isinstance(i, int) else i
+        i = operator.index(i) if not isinstance(i, int) else i
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -209,6 +226,7 @@ class CacheableList(Cacheable, MutableSequence):
         cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
         chunk = self._ns.get(cid)
         chunk[off] = self._store(value)
+        self._ver += 1
         self._ns.put(cid, chunk)
 
     def _set_slice(self, s: slice, values: Any) -> None:
@@ -270,7 +288,7 @@ class CacheableList(Cacheable, MutableSequence):
 
     def insert(self, i: SupportsIndex, value: Any) -> None:
         n = self._meta["len"]
-        i = i.__index__()
+        i = operator.index(i)
         if i < 0:
             i = max(0, i + n)
         i = min(i, n)
@@ -294,6 +312,7 @@ class CacheableList(Cacheable, MutableSequence):
         if chunk is None:
             chunk = [None] * off if off else []
         chunk.append(self._store(value))
+        self._ver += 1
         self._ns.put(cid, chunk)
         self._add_len(1)
 
@@ -328,23 +347,39 @@ class CacheableList(Cacheable, MutableSequence):
         self._truncate(0)
 
     def __iter__(self) -> Iterator[Any]:
-        n, step = self._meta["len"], self._meta["chunk"] * _BATCH_CHUNKS
-        for start in range(0, n, step):
-            for v in self._read(start, min(n, start + step, self._meta["len"])):
+        # Like list's iterator, a position into the live list: elements appended, removed or
+        # replaced during the loop are seen as a list's loop sees them. Elements are read a
+        # batch of chunks at a time; a change through this object (``_ver``) rereads from the
+        # current position.
+        step = self._meta["chunk"] * _BATCH_CHUNKS
+        i = 0
+        while i < self._meta["len"]:
+            ver = self._ver
+            for v in self._read(i, min(self._meta["len"], i + step)):
+                i += 1
                 yield self._load(v)
+                if self._ver != ver:
+                    break
 
     def __reversed__(self) -> Iterator[Any]:
-        n, step = self._meta["len"], self._meta["chunk"] * _BATCH_CHUNKS
-        for stop in range(n, 0, -step):
-            for v in reversed(self._read(max(0, stop - step), min(stop, self._meta["len"]))):
+        # list's reverse iterator: a position counting down, ending early if the list shrank
+        # below it.
+        step = self._meta["chunk"] * _BATCH_CHUNKS
+        i = self._meta["len"] - 1
+        while 0 <= i < self._meta["len"]:
+            ver = self._ver
+            for v in reversed(self._read(max(0, i + 1 - step), i + 1)):
+                i -= 1
                 yield self._load(v)
+                if self._ver != ver:
+                    break
 
     def __contains__(self, value: object) -> bool:
         return any(v is value or v == value for v in self)
 
-    def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex | None = None) -> int:
+    def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex = _MAXSIZE) -> int:
         n = self._meta["len"]
-        lo, hi, _ = slice(start, stop).indices(n)
+        lo, hi, _ = slice(_slice_index(start), _slice_index(stop)).indices(n)
         for j, v in enumerate(self[lo:hi], lo):
             if v is value or v == value:
                 return j
@@ -365,9 +400,17 @@ class CacheableList(Cacheable, MutableSequence):
         items.reverse()
         self._write(self._meta["head"], items)
 
-    def sort(self, *, key: Any = None, reverse: bool = False) -> None:
+    def sort(self, *args: Any, key: Any = None, reverse: bool = False) -> None:
+        if args:
+            raise TypeError("sort() takes no positional arguments")
+        ver = self._ver
         items = self.copy()
         items.sort(key=key, reverse=reverse)
+        if self._ver != ver:
+            # list.sort: a key function that changed the list loses its changes to the sorted
+            # contents, and the sort raises.
+            self._replace_from(0, [self._store(v) for v in items])
+            raise ValueError("list modified during sort")
         self._write(self._meta["head"], [self._store(v) for v in items])
 
     def copy(self) -> list[Any]:
@@ -431,9 +474,16 @@ class CacheableList(Cacheable, MutableSequence):
     __rmul__ = __mul__
 
     def __imul__(self, k: SupportsIndex) -> "CacheableList":
-        k = k.__index__()
+        if not hasattr(type(k), "__index__"):
+            raise TypeError(f"can't multiply sequence by non-int of type '{type(k).__name__}'")
+        k = operator.index(k)
         if k <= 0:
             self.clear()
         elif k > 1:
             self.extend(self.copy() * (k - 1))
         return self
+
+    @reprlib.recursive_repr("[...]")
+    def __repr__(self) -> str:
+        # A list's repr: the contents (``name`` and ``len`` say which structure it is).
+        return repr(self.copy())
