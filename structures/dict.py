@@ -13,6 +13,7 @@ key (a float) raises the manager's ``TypeError`` on write and is simply absent o
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -21,14 +22,43 @@ from .base import _MISSING, Cacheable
 __all__ = ["CacheableDict"]
 
 
-def _readable(key: Any) -> bool:
-    """``hash(key)`` (so unhashable keys raise dict's TypeError), then: could it be stored?"""
+_BAD: Any = object()
+
+
+def _key(key: Any) -> Any:
+    """The manager key standing for ``key``, or ``_BAD`` if no stored key can equal it.
+
+    ``hash(key)`` comes first, so an unhashable key raises dict's ``TypeError``. Then, as a dict
+    treats ``1 == 1.0 == True`` as one key, an integral float and any other integer type
+    (``numpy.int64``) are folded into ``int``; a tuple is folded element-wise."""
+    t = type(key)
+    if t is str or t is int or t is bytes:
+        return key
     hash(key)
     if isinstance(key, (str, bytes, int)):
-        return True
+        return key
+    if isinstance(key, float):
+        return int(key) if key.is_integer() else _BAD
     if isinstance(key, tuple):
-        return all(_readable(k) for k in key)
-    return False
+        parts = tuple(_key(k) for k in key)
+        if any(p is _BAD for p in parts):
+            return _BAD
+        return key if all(p is k for p, k in zip(parts, key)) else parts
+    if hasattr(t, "__index__"):
+        return operator.index(key)
+    return _BAD
+
+
+def _write_key(key: Any) -> Any:
+    """``_key`` for a write: a key no stored key can stand for goes to the manager as it is,
+    which raises its ``TypeError`` naming the type."""
+    k = _key(key)
+    return key if k is _BAD else k
+
+
+def _readable(key: Any) -> bool:
+    """Could ``key`` be stored? (``hash(key)`` first, so unhashable keys raise dict's TypeError.)"""
+    return _key(key) is not _BAD
 
 
 class CacheableDict(Cacheable, MutableMapping):
@@ -40,15 +70,16 @@ class CacheableDict(Cacheable, MutableMapping):
     # -- the five abstract methods -----------------------------------------------------------
 
     def __getitem__(self, key: Any) -> Any:
-        if not _readable(key):
+        k = _key(key)
+        if k is _BAD:
             raise KeyError(key)
-        value = self._ns.get(key, _MISSING)
+        value = self._ns.get(k, _MISSING)
         if value is _MISSING:
             raise KeyError(key)
         return self._load(value)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        hash(key)
+        key = _write_key(key)
         stored = self._store(value)
         is_new = not self._ns.contains(key)
         self._ns.put(key, stored)
@@ -56,9 +87,10 @@ class CacheableDict(Cacheable, MutableMapping):
             self._add_len(1)
 
     def __delitem__(self, key: Any) -> None:
-        if not _readable(key) or not self._ns.contains(key):
+        k = _key(key)
+        if k is _BAD or not self._ns.contains(k):
             raise KeyError(key)
-        self._ns.delete(key)
+        self._ns.delete(k)
         self._add_len(-1)
 
     def __iter__(self) -> Iterator[Any]:
@@ -71,21 +103,24 @@ class CacheableDict(Cacheable, MutableMapping):
     # -- faster or dict-exact versions of the mixin methods ----------------------------------
 
     def __contains__(self, key: object) -> bool:
-        return _readable(key) and bool(self._ns.contains(key))
+        k = _key(key)
+        return k is not _BAD and bool(self._ns.contains(k))
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if not _readable(key):
+        k = _key(key)
+        if k is _BAD:
             return default
-        value = self._ns.get(key, _MISSING)
+        value = self._ns.get(k, _MISSING)
         return default if value is _MISSING else self._load(value)
 
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
-        value = self._ns.get(key, _MISSING) if _readable(key) else _MISSING
+        k = _key(key)
+        value = self._ns.get(k, _MISSING) if k is not _BAD else _MISSING
         if value is _MISSING:
             if default is _MISSING:
                 raise KeyError(key)
             return default
-        self._ns.delete(key)
+        self._ns.delete(k)
         self._add_len(-1)
         return self._load(value)
 
@@ -95,8 +130,8 @@ class CacheableDict(Cacheable, MutableMapping):
         raise KeyError("popitem(): dictionary is empty")
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        hash(key)
-        value = self._ns.get(key, _MISSING) if _readable(key) else _MISSING
+        key = _write_key(key)
+        value = self._ns.get(key, _MISSING)
         if value is not _MISSING:
             return self._load(value)
         self._ns.put(key, self._store(default))

@@ -1,21 +1,36 @@
 """CacheableSet: a ``MutableSet`` whose elements are manager keys, one entry per element.
 
-Elements follow the manager's key rules (``str``, ``int``, ``bytes``, tuples of them).
-``len`` is O(1) from the metadata. Operators that build a new set (``|``, ``&``, ``-``, ``^``,
-``union``, ...) return a plain Python ``set``, as ``copy()`` does: a new cacheable set needs a
+Elements follow the manager's key rules (``str``, ``int``, ``bytes``, tuples of them); as in a
+set, ``1``, ``1.0`` and ``True`` are one element, so an integral float (or a ``numpy`` integer)
+is stored as the ``int`` it equals. ``len`` is O(1) from the metadata. Operators that build a
+new set (``|``, ``&``, ``-``, ``^``, ``union``, ...) return a plain Python ``set`` (a
+``frozenset`` when the left operand is one), as ``copy()`` does: a new cacheable set needs a
 name, so making one is an explicit ``manager.set(name)`` followed by ``update``.
+
+As with ``set``, the operators take sets only (any ``collections.abc.Set``: ``set``,
+``frozenset``, another ``CacheableSet``, dict key views) and the named methods any iterables;
+an in-place method that fails part-way (an unhashable element) keeps what it did before, and a
+loop over the set raises ``RuntimeError`` if the set changed size.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, MutableSet
+from collections.abc import Iterable, Iterator, MutableSet, Set
 from typing import Any
 
 from .base import Cacheable
-from .dict import _readable
+from .dict import _BAD, _key, _write_key
 
 __all__ = ["CacheableSet"]
 
 _PRESENT = 1
+
+
+def _lookup(elem: Any) -> Any:
+    """The stored key for a membership test; a set or frozenset (unhashable or not) is never an
+    element here, as ``{1} in set()`` is simply False."""
+    if isinstance(elem, (set, frozenset)):
+        return _BAD
+    return _key(elem)
 
 
 class CacheableSet(Cacheable, MutableSet):
@@ -31,31 +46,42 @@ class CacheableSet(Cacheable, MutableSet):
     # -- the abstract methods ----------------------------------------------------------------
 
     def __contains__(self, elem: object) -> bool:
-        return _readable(elem) and bool(self._ns.contains(elem))
+        k = _lookup(elem)
+        return k is not _BAD and bool(self._ns.contains(k))
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(list(self._ns.keys()))
+        # The elements are listed once; like set's iterator, the loop raises RuntimeError at its
+        # next step if the set changed size meanwhile.
+        n = self._meta["len"]
+        for elem in list(self._ns.keys()):
+            if self._meta["len"] != n:
+                raise RuntimeError("Set changed size during iteration")
+            yield elem
+        if self._meta["len"] != n:
+            raise RuntimeError("Set changed size during iteration")
 
     def __len__(self) -> int:
         return int(self._meta["len"])
 
     def add(self, elem: Any) -> None:
-        hash(elem)
+        elem = _write_key(elem)
         if not self._ns.contains(elem):
             self._ns.put(elem, _PRESENT)
             self._add_len(1)
 
     def discard(self, elem: Any) -> None:
-        if _readable(elem) and self._ns.contains(elem):
-            self._ns.delete(elem)
+        k = _lookup(elem)
+        if k is not _BAD and self._ns.contains(k):
+            self._ns.delete(k)
             self._add_len(-1)
 
     # -- set API -----------------------------------------------------------------------------
 
     def remove(self, elem: Any) -> None:
-        if not _readable(elem) or not self._ns.contains(elem):
+        k = _lookup(elem)
+        if k is _BAD or not self._ns.contains(k):
             raise KeyError(elem)
-        self._ns.delete(elem)
+        self._ns.delete(k)
         self._add_len(-1)
 
     def pop(self) -> Any:
@@ -72,12 +98,7 @@ class CacheableSet(Cacheable, MutableSet):
             self._meta["len"] = 0
             self._save_meta()
 
-    def update(self, *others: Iterable[Any]) -> None:
-        new: dict[Any, None] = {}
-        for other in others:
-            for elem in other:
-                hash(elem)
-                new[elem] = None
+    def _add_many(self, new: dict[Any, None]) -> None:
         if not new:
             return
         keys = list(new)
@@ -87,24 +108,59 @@ class CacheableSet(Cacheable, MutableSet):
             self._ns.put_many([(k, _PRESENT) for k in added])
             self._add_len(len(added))
 
+    def _discard_many(self, gone: dict[Any, None]) -> None:
+        if not gone:
+            return
+        keys = list(gone)
+        present = [k for k in self._ns.get_many(keys)]
+        if present:
+            self._ns.delete_many(present)
+            self._add_len(-len(present))
+
+    def update(self, *others: Iterable[Any]) -> None:
+        new: dict[Any, None] = {}
+        try:
+            for other in others:
+                for elem in other:
+                    new[_write_key(elem)] = None
+        finally:
+            # set.update keeps the elements added before an error
+            self._add_many(new)
+
     def difference_update(self, *others: Iterable[Any]) -> None:
-        for other in others:
-            for elem in list(other):
-                self.discard(elem)
+        gone: dict[Any, None] = {}
+        try:
+            for other in others:
+                if other is self:
+                    self.clear()
+                    gone.clear()
+                    continue
+                for elem in other:
+                    k = _lookup(elem)
+                    if k is not _BAD:
+                        gone[k] = None
+        finally:
+            self._discard_many(gone)
 
     def intersection_update(self, *others: Iterable[Any]) -> None:
-        keep = self.copy()
-        for other in others:
-            keep &= set(other)
-        for elem in self.copy() - keep:
-            self.discard(elem)
+        keep = self.copy().intersection(*others)
+        if len(keep) != len(self):
+            self._discard_many(dict.fromkeys(self.copy() - keep))
 
-    def symmetric_difference_update(self, other: Iterable[Any]) -> None:
-        for elem in set(other):
-            if elem in self:
-                self.discard(elem)
-            else:
-                self.add(elem)
+    def symmetric_difference_update(self, *args: Iterable[Any]) -> None:
+        if len(args) != 1:
+            raise TypeError("set.symmetric_difference_update() takes exactly one argument "
+                            f"({len(args)} given)")
+        other = args[0]
+        if other is self:
+            self.clear()
+            return
+        flip = {_write_key(e): None for e in other}
+        if not flip:
+            return
+        present = self._ns.get_many(list(flip))
+        self._discard_many({k: None for k in present})
+        self._add_many({k: None for k in flip if k not in present})
 
     def copy(self) -> set[Any]:
         """A plain ``set`` with the current elements."""
@@ -128,6 +184,78 @@ class CacheableSet(Cacheable, MutableSet):
     def issuperset(self, other: Iterable[Any]) -> bool:
         return all(elem in self for elem in other)
 
+    # -- operators: sets only, like set's --------------------------------------------------
+
+    @staticmethod
+    def _plain(other: Any) -> Any:
+        """``other`` as a plain set for an operator, or None if it is no set."""
+        if isinstance(other, CacheableSet):
+            return other.copy()
+        if isinstance(other, (set, frozenset)):
+            return other
+        if isinstance(other, Set):
+            return set(other)
+        return None
+
+    def __or__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else self.copy() | o
+
+    def __and__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else self.copy() & o
+
+    def __sub__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else self.copy() - o
+
+    def __xor__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else self.copy() ^ o
+
+    # Reflected: ``frozenset | cacheable`` gives a frozenset, as ``frozenset | set`` does.
+    def __ror__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else type(o)(o | self.copy())
+
+    def __rand__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else type(o)(o & self.copy())
+
+    def __rsub__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else type(o)(o - self.copy())
+
+    def __rxor__(self, other: Any) -> Any:
+        o = self._plain(other)
+        return NotImplemented if o is None else type(o)(o ^ self.copy())
+
+    def __ior__(self, other: Any) -> Any:
+        if not isinstance(other, Set):
+            return NotImplemented
+        if other is not self:
+            self.update(other)
+        return self
+
+    def __iand__(self, other: Any) -> Any:
+        if not isinstance(other, Set):
+            return NotImplemented
+        if other is not self:
+            self.intersection_update(other)
+        return self
+
+    def __isub__(self, other: Any) -> Any:
+        if not isinstance(other, Set):
+            return NotImplemented
+        self.difference_update(other)
+        return self
+
+    def __ixor__(self, other: Any) -> Any:
+        if not isinstance(other, Set):
+            return NotImplemented
+        self.symmetric_difference_update(other)
+        return self
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, CacheableSet):
             other = other.copy()
@@ -138,3 +266,7 @@ class CacheableSet(Cacheable, MutableSet):
     def __ne__(self, other: object) -> bool:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
+
+    def __repr__(self) -> str:
+        # A set's repr: the elements (``name`` and ``len`` say which structure it is).
+        return repr(self.copy())
