@@ -45,8 +45,16 @@ def _positive(name: str, value: Any, *, allow_none: bool = True) -> None:
 
 
 def _non_negative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    # ``not value >= 0`` also refuses NaN, which compares False with everything
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ConfigError(name, f"must be a non-negative number, got {value!r}")
+
+
+def _flag(name: str, value: Any) -> None:
+    # a string such as "no" or "false" (from a conf file) is truthy: refuse it rather than
+    # read it as True (allow_pickle, lossy: a typo would turn a safety off)
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be True or False, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class HeapConfig:
             raise ConfigError("heap.policy", f"must be a policy name, got {self.policy!r}")
         if not isinstance(self.policy_options, Mapping):
             raise ConfigError("heap.policy_options", "must be a mapping")
+        _flag("heap.track_mutations", self.track_mutations)
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ class LevelConfig(abc.ABC):
 
     def __post_init__(self) -> None:
         _positive(f"{self.kind}.max_bytes", self.max_bytes)
+        _flag(f"{self.kind}.lossy", self.lossy)
 
     @abc.abstractmethod
     def build(self) -> Any:
@@ -136,6 +146,8 @@ class RedisConfig(LevelConfig):
         ):
             raise ConfigError("redis.url",
                               f"must be redis://, rediss://, unix:// or 'embedded', got {self.url!r}")
+        if not isinstance(self.prefix, str):
+            raise ConfigError("redis.prefix", f"must be a string, got {self.prefix!r}")
         _positive("redis.max_connections", self.max_connections, allow_none=False)
         _non_negative("redis.socket_timeout", self.socket_timeout)
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
@@ -299,6 +311,10 @@ class CacheConfig:
             not isinstance(self.signing_key, bytes) or len(self.signing_key) < 16
         ):
             raise ConfigError("signing_key", "must be bytes of length >= 16")
+        _flag("allow_pickle", self.allow_pickle)
+        if not isinstance(self.prefetch, PrefetchConfig):
+            raise ConfigError("prefetch", f"must be a PrefetchConfig, "
+                                          f"got {type(self.prefetch).__name__}")
         _positive("writer_threads", self.writer_threads, allow_none=False)
         _positive("write_batch_size", self.write_batch_size, allow_none=False)
         _positive("eviction_buffer_max", self.eviction_buffer_max, allow_none=False)

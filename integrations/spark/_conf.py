@@ -36,6 +36,11 @@ __all__ = ["config_from_spark_conf", "prepare_for_executors", "check_picklable",
 
 CONF_PREFIX = "spark.mlcache."
 _SECTIONS = ("heap", "prefetch")
+# Settings whose value is text whatever it looks like: a Redis prefix or a path may be all
+# digits ("2024"), and reading it as a number made a config that fails on the executors.
+_TEXT = frozenset({"namespace", "signing_key", "heap.policy", "prefetch.fetch_mode",
+                   "redis.url", "redis.prefix", "redis.ssl_ca_certs", "redis.ssl_certfile",
+                   "redis.ssl_keyfile", "disk.path", "arena.policy"})
 
 
 def _value(raw: str) -> Any:
@@ -79,11 +84,12 @@ def config_from_spark_conf(conf: Any) -> CacheConfig | None:
                     raise ConfigError(CONF_PREFIX + "levels",
                                       f"unknown level {n!r}; known: {sorted(LEVEL_KINDS)}")
         elif head in LEVEL_KINDS and rest:
-            level_specs.setdefault(head, {"type": head})[rest] = _value(raw)
+            level_specs.setdefault(head, {"type": head})[rest] = (
+                raw if name in _TEXT else _value(raw))
         elif head in _SECTIONS and rest:
-            data.setdefault(head, {})[rest] = _value(raw)
+            data.setdefault(head, {})[rest] = raw if name in _TEXT else _value(raw)
         elif not rest:
-            data[name] = raw if name == "namespace" else _value(raw)
+            data[name] = raw if name in _TEXT else _value(raw)
         else:
             raise ConfigError(CONF_PREFIX + name, "unknown setting")
     if order is None:

@@ -1,0 +1,76 @@
+"""Regression tests for defects found by a static-analysis pass (mypy, ruff) and review.
+
+Each test names the defect it guards against; real Redis through the session fixtures.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlcache import (CacheConfig, CacheManager, ConfigError, DiskConfig, HeapConfig,
+                     PrefetchConfig, RedisConfig)
+
+
+# -- config: a value of the wrong type is refused at construction, naming the field ----------
+
+@pytest.mark.parametrize("make, field", [
+    # "no" is truthy: it used to turn unpickling on / make the store of record lossy
+    (lambda p: CacheConfig(allow_pickle="no", levels=(DiskConfig(path=p),)), "allow_pickle"),
+    (lambda p: DiskConfig(path=p, lossy="no"), "disk.lossy"),
+    (lambda p: RedisConfig(url="embedded", lossy="false"), "redis.lossy"),
+    (lambda p: HeapConfig(track_mutations="no"), "heap.track_mutations"),
+    # a non-string prefix failed with AttributeError when the manager was built
+    (lambda p: RedisConfig(url="embedded", prefix=2024), "redis.prefix"),
+    # prefetch=None / a dict failed with AttributeError at the first hint
+    (lambda p: CacheConfig(prefetch=None, levels=(DiskConfig(path=p),)), "prefetch"),
+    (lambda p: CacheConfig(prefetch={"enabled": False}, levels=(DiskConfig(path=p),)),
+     "prefetch"),
+    # NaN compares False with everything and slipped through ``value < 0``
+    (lambda p: PrefetchConfig(lateness=math.nan), "prefetch.lateness"),
+    (lambda p: CacheConfig(retry_backoff=math.nan, levels=(DiskConfig(path=p),)),
+     "retry_backoff"),
+])
+def test_config_refuses_wrong_types_naming_the_field(tmp_path, make, field):
+    with pytest.raises(ConfigError) as info:
+        make(str(tmp_path))
+    assert info.value.field == field
+
+
+def test_config_from_dict_refuses_a_non_mapping_prefetch(tmp_path):
+    with pytest.raises(ConfigError, match="prefetch"):
+        CacheConfig.from_dict({"prefetch": None,
+                               "levels": [{"type": "disk", "path": str(tmp_path)}]})
+
+
+def test_redis_prefix_of_digits_from_spark_conf_is_text(redis_url, tmp_path):
+    """``spark.mlcache.redis.prefix 2024`` used to become the int 2024, and the manager built
+    from that config (on an executor) failed with AttributeError."""
+    from mlcache.integrations.spark._conf import config_from_spark_conf
+
+    cfg = config_from_spark_conf({
+        "spark.mlcache.levels": "redis",
+        "spark.mlcache.redis.url": redis_url,
+        "spark.mlcache.redis.prefix": "2024",
+        "spark.mlcache.signing_key": "1234567890123456",
+    })
+    assert cfg.levels[0].prefix == "2024"
+    assert cfg.signing_key == b"1234567890123456"
+    with CacheManager(cfg) as m:
+        ns = m.namespace("n")
+        ns.put("k", 1)
+        m.flush()
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert any(k.startswith(b"2024") for k in client.scan_iter())
+    finally:
+        client.close()
+
+
+def test_spark_conf_refuses_a_word_for_a_flag():
+    from mlcache.integrations.spark._conf import config_from_spark_conf
+
+    with pytest.raises(ConfigError, match=r"spark\.mlcache\.allow_pickle"):
+        config_from_spark_conf({"spark.mlcache.allow_pickle": "no"})
