@@ -589,6 +589,11 @@ class Prefetcher:
                 for kb in keys:
                     self._failed[kb] = error
                     self._used_inflight.discard(kb)
+                if inline and not isinstance(error, Exception):
+                    # On the caller's thread a KeyboardInterrupt (or SystemExit) is the
+                    # caller's, not a failed read to fall back from: the batch's keys are
+                    # released above, and it goes on up.
+                    raise error
                 return
             used = self._used_inflight
             for kb, _, t0 in batch:

@@ -74,3 +74,40 @@ def test_spark_conf_refuses_a_word_for_a_flag():
 
     with pytest.raises(ConfigError, match=r"spark\.mlcache\.allow_pickle"):
         config_from_spark_conf({"spark.mlcache.allow_pickle": "no"})
+
+
+# -- prefetch: an interrupt during a batch read on the caller's thread is not swallowed -------
+
+def test_keyboard_interrupt_in_an_inline_prefetch_batch_reaches_the_caller(tmp_path):
+    """Inline batches are read on the operator's (the caller's) thread; ``_fetch`` caught
+    BaseException there so that a failure falls back to a demand read, and a Ctrl-C arriving
+    during the read was kept as a "prefetch failure" and lost: the loop went on."""
+    from mlcache.bench._delayed import Delay, DelayedLevelConfig
+    from mlcache.prefetch import prefetching
+
+    delay = Delay(0.0)
+    level = DelayedLevelConfig(inner=DiskConfig(path=str(tmp_path / "disk")), delay=delay)
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=1000, max_bytes=None),
+                      levels=(level,), namespace="t",
+                      prefetch=PrefetchConfig(hot_threshold=16, fetch_mode="inline"))
+    with CacheManager(cfg) as m:
+        m.put_many([(i, i) for i in range(200)])
+        m.checkpoint()
+    interrupted = []
+
+    def interrupt_once(keys):
+        if len(keys) > 1 and not interrupted:     # a batch (a demand get reads one key)
+            interrupted.append(len(keys))
+            raise KeyboardInterrupt
+        return False
+
+    delay.fail = interrupt_once
+    with CacheManager(cfg) as m:
+        seen = []
+        with pytest.raises(KeyboardInterrupt):
+            for r in prefetching(range(200), key=lambda r: r, cache=m, depth=32):
+                seen.append(m.get(r))
+        assert interrupted and len(seen) < 200
+        delay.fail = None
+        # the keys of the interrupted batch are not left in flight: they read normally
+        assert [m.get(i) for i in range(200)] == list(range(200))
