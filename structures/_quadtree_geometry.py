@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import sys
 import struct
+from array import array
 from itertools import chain, filterfalse
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -50,7 +51,8 @@ _STR = {str}
 _getsizeof = sys.getsizeof
 # A leaf whose points all have float coordinates and a float time (none NaN) keeps them
 # *packed*: ``[coords, data, data, ...]``, ``coords`` one ``bytes`` of the doubles x, y, ts per
-# point (see ``_recs``). Per point: a slot of the list with growth slack (9) and 24 bytes of
+# point (see ``_recs``), little-endian IEEE 754 whatever the machine, so that a page written
+# to a durable level on one machine reads the same on another. Per point: a slot of the list with growth slack (9) and 24 bytes of
 # doubles; per leaf: a slot for ``coords`` and the bytes object's header and rounding (33 + 23).
 PACKED_HEAD = 9 + 56
 PACKED_POINT = 9 + 24
@@ -83,10 +85,24 @@ def _min_ts(a: float | None, b: float | None) -> float | None:
     return a if a < b else b
 
 
+_LITTLE = sys.byteorder == "little"
+
+
+def doubles(coords: bytes) -> Any:
+    """The doubles of a packed leaf's ``coords`` (little-endian bytes), as a sequence with
+    slicing and ``tolist()``: a view of the bytes on a little-endian machine (no copy), else
+    a byte-swapped array."""
+    if _LITTLE:
+        return memoryview(coords).cast("d")
+    values = array("d", coords)
+    values.byteswap()
+    return values
+
+
 def _recs(pts: list) -> Iterator[tuple]:
     """The ``(x, y, data, ts)`` records of a leaf's points, packed or flat."""
     if pts and type(pts[0]) is bytes:
-        v = memoryview(pts[0]).cast("d").tolist()
+        v = doubles(pts[0]).tolist()
         return zip(v[0::3], v[1::3], pts[1:], v[2::3])
     return zip(pts[0::4], pts[1::4], pts[2::4], pts[3::4])
 
@@ -94,7 +110,7 @@ def _recs(pts: list) -> Iterator[tuple]:
 def _xys(pts: list) -> Iterator[tuple]:
     """The ``(x, y)`` of a leaf's points, packed or flat (no times or data made)."""
     if pts and type(pts[0]) is bytes:
-        v = memoryview(pts[0]).cast("d")
+        v = doubles(pts[0])
         return zip(v[0::3].tolist(), v[1::3].tolist())
     return zip(pts[0::4], pts[1::4])
 
@@ -102,7 +118,7 @@ def _xys(pts: list) -> Iterator[tuple]:
 def _columns(pts: list) -> tuple[list, list]:
     """The x and the y of a leaf's points, as two lists, packed or flat."""
     if pts and type(pts[0]) is bytes:
-        v = memoryview(pts[0]).cast("d")
+        v = doubles(pts[0])
         return v[0::3].tolist(), v[1::3].tolist()
     return pts[0::4], pts[1::4]
 
@@ -131,10 +147,10 @@ def packable(numbers: list) -> bool:
 
 
 def pack_values(values: list) -> bytes:
-    """The doubles ``values`` as bytes (the ``coords`` of a packed leaf)."""
+    """The doubles ``values`` as little-endian bytes (the ``coords`` of a packed leaf)."""
     packer = _PACKERS.get(len(values))
     if packer is None:
-        packer = struct.Struct(f"{len(values)}d")
+        packer = struct.Struct(f"<{len(values)}d")
         if len(values) <= 3 * 1024:
             _PACKERS[len(values)] = packer
     return packer.pack(*values)

@@ -83,7 +83,8 @@ from ._quadtree_geometry import ANY as _ANY
 from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE,
                                  PACKED_HEAD, PACKED_POINT, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1,
                                  Point, _check_bounds, _child_bounds, _min_of, _min_ts, _quadrant,
-                                 _quadtree_meta, _recs, ascii_strings, data_size, flat_points,
+                                 _quadtree_meta, _recs, ascii_strings, data_size, doubles,
+                                 flat_points,
                                  n_points, node_size, pack_values, packed_points,
                                  points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
@@ -295,7 +296,7 @@ class _QuadtreeOps(_QuadtreeQueries):
     def _split_packed(self, nid: int, node: list, pts: list, touched: dict[int, list],
                       capacity: int, max_depth: int) -> None:
         """Split leaf ``node`` holding the packed points ``pts``."""
-        v = memoryview(pts[0]).cast("d").tolist()
+        v = doubles(pts[0]).tolist()
         datas = pts[1:]
         # ascii: every datum an ASCII string, each weighing ASCII + its length (checked once)
         self._split_records(nid, node, list(zip(v[0::3], v[1::3], v[2::3])), datas, touched,
