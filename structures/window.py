@@ -154,7 +154,9 @@ class _Windows:
     def _append_time(self, record: Sequence[float], ts: float) -> None:
         """Add one tuple with event time ``ts`` (the per-event path: a few numpy stores)."""
         try:
-            if ts < self._wm:
+            if not ts >= self._wm:   # (one comparison, also False for NaN)
+                if ts != ts:
+                    raise ValueError("a time window needs numeric timestamps, got NaN")
                 return self._late(record, ts)
         except TypeError:
             raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
@@ -189,7 +191,9 @@ class _Windows:
     def _append_general(self, record: Any, ts: float | None = None) -> None:
         if self.kind == "time":
             try:
-                if ts < self._wm:  # type: ignore[operator]
+                if not ts >= self._wm:  # type: ignore[operator]
+                    if ts != ts:   # NaN would become the watermark: no tuple would be late
+                        raise ValueError("a time window needs numeric timestamps, got NaN")
                     return self._late(record, ts)  # type: ignore[arg-type]
             except TypeError:
                 raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None

@@ -111,3 +111,24 @@ def test_keyboard_interrupt_in_an_inline_prefetch_batch_reaches_the_caller(tmp_p
         delay.fail = None
         # the keys of the interrupted batch are not left in flight: they read normally
         assert [m.get(i) for i in range(200)] == list(range(200))
+
+
+# -- sliding windows: a NaN timestamp is refused by append as it is by extend ---------------
+
+@pytest.mark.parametrize("columns", [["v"], None])
+def test_window_append_refuses_a_nan_timestamp(tmp_path, columns):
+    """extend() refused NaN times, append() took one and made it the watermark: NaN compares
+    False with everything, so no later tuple was ever found late (here one 1.0 behind the
+    watermark, with lateness 0, was silently accepted)."""
+    from mlcache.structures import SlidingWindow
+
+    rec = (lambda v: (v,)) if columns else (lambda v: v)
+    value = "v" if columns else (lambda r: r)
+    with SlidingWindow(10.0, columns=columns, value=value, directory=str(tmp_path)) as w:
+        w.append(rec(1.0), 1.0)
+        with pytest.raises(ValueError, match="NaN"):
+            w.append(rec(2.0), math.nan)
+        with pytest.raises(ValueError, match="behind the watermark"):
+            w.append(rec(3.0), 0.0)
+        w.append(rec(4.0), 2.0)
+        assert w.result().count == 2 and w.result().sum == 5.0
