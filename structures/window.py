@@ -116,16 +116,20 @@ class _Windows:
         for r in ranges:
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
                 raise ConfigError("range", f"must be a positive number, got {r!r}")
-            if kind == "count" and int(r) != r:
+            # (int() of an infinite range raised OverflowError)
+            if kind == "count" and not (math.isfinite(r) and int(r) == r):
                 raise ConfigError("range", f"a count window needs an integer range, got {r!r}")
-        if slide is not None and (not isinstance(slide, (int, float)) or not slide > 0):
+        if slide is not None and (isinstance(slide, bool) or not isinstance(slide, (int, float))
+                                  or not slide > 0):
             raise ConfigError("slide", f"must be a positive number, got {slide!r}")
-        if kind == "count" and slide is not None and int(slide) != slide:
+        if kind == "count" and slide is not None and not (math.isfinite(slide)
+                                                          and int(slide) == slide):
             raise ConfigError("slide", f"a count window slides by whole tuples, got {slide!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 64:
             raise ConfigError("block_size", f"must be an integer >= 64 bytes, got {block_size!r}")
-        if not lateness >= 0:
-            raise ConfigError("lateness", f"must be >= 0, got {lateness!r}")
+        if isinstance(lateness, bool) or not isinstance(lateness, (int, float)) \
+                or not lateness >= 0:
+            raise ConfigError("lateness", f"must be a number >= 0, got {lateness!r}")
         if on_late not in ("raise", "drop"):
             raise ConfigError("on_late", f"must be 'raise' or 'drop', got {on_late!r}")
 

@@ -132,3 +132,20 @@ def test_window_append_refuses_a_nan_timestamp(tmp_path, columns):
             w.append(rec(3.0), 0.0)
         w.append(rec(4.0), 2.0)
         assert w.result().count == 2 and w.result().sum == 5.0
+
+
+@pytest.mark.parametrize("args, options, field", [
+    # int(inf) raised OverflowError from the validation itself
+    ((math.inf,), {"kind": "count"}, "range"),
+    ((10,), {"kind": "count", "slide": math.inf}, "slide"),
+    # '>=' between str/None and int raised a TypeError that did not name the setting
+    ((10.0,), {"lateness": "x"}, "lateness"),
+    ((10.0,), {"lateness": None}, "lateness"),
+    ((10.0,), {"slide": True}, "slide"),
+])
+def test_window_settings_are_refused_with_a_config_error(tmp_path, args, options, field):
+    from mlcache.structures import SlidingWindow
+
+    with pytest.raises(ConfigError) as info:
+        SlidingWindow(*args, directory=str(tmp_path), **options)
+    assert info.value.field == field
