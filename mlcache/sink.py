@@ -18,6 +18,26 @@ from typing import Any, Callable, Iterable
 __all__ = ["ForwardingSink"]
 
 
+def _same(new: Any, old: Any) -> bool:
+    """``new == old`` as a bool, also for values whose ``==`` is element-wise (numpy arrays,
+    pandas objects), where ``bool(new == old)`` raises: then equal shapes and elements."""
+    if new is old:
+        return True
+    try:
+        return bool(new == old)
+    except (ValueError, TypeError):
+        pass
+    equals = getattr(new, "equals", None)         # pandas: labels, values and dtypes
+    if callable(equals) and type(new) is type(old):
+        return bool(equals(old))
+    try:
+        import numpy as np
+
+        return bool(np.array_equal(new, old))
+    except Exception:   # not comparable: not the same
+        return False
+
+
 class ForwardingSink:
     """Forward batches of ``(key, new, old)`` to ``fn`` (see the module docstring).
 
@@ -56,7 +76,7 @@ class ForwardingSink:
         keep = []
         for rec in records:
             key, new, old = rec
-            if (new is None and not self.deletes) or (self.skip_unchanged and new == old):
+            if (new is None and not self.deletes) or (self.skip_unchanged and _same(new, old)):
                 self.skipped += 1
                 continue
             keep.append((key, new, old))

@@ -149,3 +149,30 @@ def test_window_settings_are_refused_with_a_config_error(tmp_path, args, options
     with pytest.raises(ConfigError) as info:
         SlidingWindow(*args, directory=str(tmp_path), **options)
     assert info.value.field == field
+
+
+# -- ForwardingSink(skip_unchanged=True) with array values -----------------------------------
+
+def test_forwarding_sink_skip_unchanged_compares_arrays(redis_url, tmp_path):
+    """``new == old`` of two numpy arrays is an array, and ``if ... and new == old`` raised
+    "truth value of an array ... is ambiguous" from flush(): the records stayed pending and
+    every later flush failed the same way."""
+    np = pytest.importorskip("numpy")
+    from mlcache import DedupConfig
+    from mlcache.sink import ForwardingSink
+
+    cfg = CacheConfig(levels=(RedisConfig(url=redis_url, prefix="sink"),
+                              DiskConfig(path=str(tmp_path / "disk"))),
+                      namespace="t", dedup=DedupConfig())
+    got = []
+    with CacheManager(cfg) as m:
+        sink = ForwardingSink(got.extend, skip_unchanged=True)
+        m.on_flush(sink)
+        m.put("a", np.arange(3))
+        m.put("b", np.arange(2))
+        m.flush()
+        m.put("a", np.arange(3))            # unchanged
+        m.put("b", np.arange(3))            # changed (and of another shape)
+        m.flush()
+    assert [k for k, _, _ in got] == ["a", "b", "b"] and sink.skipped == 1
+    assert np.array_equal(got[-1][1], np.arange(3)) and np.array_equal(got[-1][2], np.arange(2))
