@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
@@ -231,6 +232,13 @@ class Lookahead(Iterator[Any]):
             err = RecordKeyError(f"record {i}: key=/ts= raised {exc!r}", index=i, record=rec)
             err.__cause__ = exc
             self._queue.append((rec, None, None, i, err))
+            return True
+        if (t.__class__ is not float and t.__class__ is not int
+                and (isinstance(t, bool) or not isinstance(t, numbers.Real))) or t != t:
+            # a None, a string or NaN failed later inside the policy or the hint buffer with
+            # an error naming neither the record nor ts= (or, NaN, was taken silently)
+            self._queue.append((rec, None, None, i, RecordKeyError(
+                f"record {i}: ts= returned {t!r}, not a number", index=i, record=rec)))
             return True
         try:
             kb = self._encode(k)

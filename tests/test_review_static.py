@@ -176,3 +176,28 @@ def test_forwarding_sink_skip_unchanged_compares_arrays(redis_url, tmp_path):
         m.flush()
     assert [k for k, _, _ in got] == ["a", "b", "b"] and sink.skipped == 1
     assert np.array_equal(got[-1][1], np.arange(3)) and np.array_equal(got[-1][2], np.arange(2))
+
+
+# -- prefetching(ts=...) returning something that is not a number ---------------------------
+
+@pytest.mark.parametrize("bad", [None, "x", math.nan])
+@pytest.mark.parametrize("policy", ["lru", "tac"])
+def test_prefetching_ts_that_is_not_a_number_names_the_record(redis_url, bad, policy):
+    """A ts= returning None or a string failed later with an anonymous TypeError from the
+    policy or the hint buffer (or, with LRU and None, and with NaN, was taken silently); a
+    NaN time is never ordered. It now raises RecordKeyError at that record, as a ts= that
+    raises does."""
+    from mlcache.prefetch import RecordKeyError, prefetching
+
+    cfg = CacheConfig(heap=HeapConfig(policy=policy, max_entries=100, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="ts"),), namespace="t")
+    with CacheManager(cfg) as m:
+        m.put_many([(i, i) for i in range(20)])
+        m.checkpoint()
+    with CacheManager(cfg) as m:
+        got = []
+        with pytest.raises(RecordKeyError, match=r"record 5: ts= returned") as info:
+            for r in prefetching(range(20), key=lambda r: r, cache=m, depth=4,
+                                 ts=lambda r: bad if r == 5 else float(r)):
+                got.append(m.get(r))
+        assert got == [0, 1, 2, 3, 4] and info.value.index == 5
