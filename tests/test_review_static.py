@@ -201,3 +201,14 @@ def test_prefetching_ts_that_is_not_a_number_names_the_record(redis_url, bad, po
                                  ts=lambda r: bad if r == 5 else float(r)):
                 got.append(m.get(r))
         assert got == [0, 1, 2, 3, 4] and info.value.index == 5
+
+
+@pytest.mark.parametrize("requests", ["-1", "0"])
+def test_simulate_refuses_a_non_positive_request_count(capsys, tmp_path, requests):
+    """--requests -1 ended in numpy's 'negative dimensions are not allowed' traceback."""
+    from mlcache.sim.cli import main as simulate_main
+
+    rc = simulate_main(["--trace", "gen:zipf", "--sizes", "10", "--requests", requests,
+                        "--no-plot", "--no-progress", "--csv", str(tmp_path / "x.csv")])
+    assert rc == 2
+    assert "requests: must be a positive integer" in capsys.readouterr().err

@@ -150,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sizes = _positive_ints(args.sizes)
+        if args.requests <= 0:
+            # (a generator failed with numpy's "negative dimensions" traceback; a phase trace
+            # was cut from its end instead, keys[:-n])
+            raise ConfigError("requests", f"must be a positive integer, got {args.requests}")
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise ConfigError("policies", "give at least one policy name")
