@@ -135,6 +135,7 @@ class Cacheable:
             obj._name = name
             obj._metans = metans
             obj._ver = 0
+            obj._attach()
             ns_name = f"{cls.kind}:{name}"
             obj._ns = (manager.namespace(ns_name) if cls._memo_keys
                        else manager.namespace(ns_name, memo=False))
@@ -162,6 +163,10 @@ class Cacheable:
     @property
     def manager(self) -> Any:
         return self._manager
+
+    def _attach(self) -> None:
+        """Called once when the object is made, after ``_ns`` and before the metadata is
+        read: a subclass opens its other namespaces here."""
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -228,6 +233,35 @@ class Cacheable:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._name!r} len={self._meta.get('len', 0)}>"
+
+
+def get_many(ns: Any, keys: list[Any]) -> dict[Any, Any]:
+    """``ns.get_many(keys)``, or one ``get`` per key for a namespace-like view without it (the
+    Spark integration's partition views have only get/put/delete/contains/keys)."""
+    if hasattr(ns, "get_many"):
+        return ns.get_many(keys)
+    out = {}
+    for k in keys:
+        v = ns.get(k, _MISSING)
+        if v is not _MISSING:
+            out[k] = v
+    return out
+
+
+def put_many(ns: Any, items: list[tuple[Any, Any]]) -> None:
+    if hasattr(ns, "put_many"):
+        ns.put_many(items)
+    else:
+        for k, v in items:
+            ns.put(k, v)
+
+
+def delete_many(ns: Any, keys: list[Any]) -> None:
+    if hasattr(ns, "delete_many"):
+        ns.delete_many(keys)
+    else:
+        for k in keys:
+            ns.delete(k)
 
 
 def list_structures(manager: Any) -> list[tuple[str, str]]:

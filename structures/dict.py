@@ -2,24 +2,49 @@
 
 ``len`` is O(1): the count lives in the metadata and changes only when a key is really added
 or removed, which costs one ``contains`` (or one batched ``get_many`` in ``update``) per write
-of a key this object has not seen. Iteration lists the keys of the structure's namespace merged
-across all levels, tombstones respected, in no particular order (a plain dict keeps insertion
-order; keeping it here would need an ordered index entry rewritten on every insert).
-``popitem`` therefore removes *some* item, not the last inserted one.
+of a key this object has not seen.
 
-Keys are what the manager accepts: ``str``, ``int``, ``bytes`` and tuples of them. An
-unhashable key raises ``TypeError`` exactly as a dict does; another hashable but unsupported
-key (a float) raises the manager's ``TypeError`` on write and is simply absent on read.
+Order. As in a dict, iteration, the views, ``reversed``, ``repr`` and ``copy()`` follow
+insertion order, and ``popitem`` removes the last inserted item. The order is an append-only
+*log* of keys, in chunks of ``_LOG_CHUNK`` keys, one entry each, in a namespace of its own
+(``dict.order:<name>``), so it moves between levels and survives a reopen like the items.
+A new key appends to the tail chunk (one more ``get``/``put`` of an entry every insert
+touches, so it stays in the heap); overwriting a key leaves its place. A deletion writes
+nothing to the log: its slot is *dead*, and ``len`` tells how many there are (log length -
+``len``). With no dead slot the log is the order; otherwise the last slot of each present key
+counts, and the pass that worked that out (a listing of the namespace's keys) rewrites the
+log without them. ``popitem`` walks back from the tail, trimming dead slots. An insert
+compacts the log once dead slots outnumber live ones by a chunk, so the log stays under
+``2 * len + _LOG_CHUNK`` slots at O(1) amortised cost. The rejected alternative, each value
+stored as ``(position, value)``, would find a key's slot on deletion but change the entries
+other code reads (the Spark integration's snapshot and change listeners).
+
+Keys are what the manager accepts: ``str``, ``int``, ``bytes`` and tuples of them; as a dict
+treats ``1 == 1.0 == True`` as one key, an integral float or a ``numpy`` integer is stored
+as the ``int`` it equals. An unhashable key raises ``TypeError`` exactly as a dict does;
+another hashable but unsupported key (``1.5``) raises the manager's ``TypeError`` on write
+and is simply absent on read.
 """
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping, MutableMapping
+import reprlib
+import sys
+from collections.abc import (Iterable, Iterator, ItemsView, KeysView, Mapping, MutableMapping,
+                             ValuesView)
+from types import MappingProxyType
 from typing import Any
 
-from .base import _MISSING, Cacheable
+from mlcache.levels.heap import estimate_size
+
+from .base import _MISSING, Cacheable, delete_many, get_many, put_many
 
 __all__ = ["CacheableDict"]
+
+_LOG_CHUNK = 256     # keys per entry of the insertion-order log
+_TAIL_MAX = 8        # newest log slots kept in the metadata (weighed on every put of it)
+_LOG_BATCH = 32      # log entries per batched read
+_ITEM_BATCH = 1024   # values per batched read when iterating items
 
 
 _BAD: Any = object()
@@ -65,7 +90,155 @@ class CacheableDict(Cacheable, MutableMapping):
     """A dict whose entries live in the cache levels. Open with ``manager.dict(name)``."""
 
     kind = "dict"
-    __slots__ = ()
+    __slots__ = ("_ons",)
+
+    def _attach(self) -> None:
+        self._ons = self._manager.namespace(f"{self.kind}.order:{self._name}")
+
+    def _new_meta(self, **options: Any) -> dict[str, Any]:
+        meta = super()._new_meta(**options)
+        meta["order"], meta["tail"] = 0, []
+        return meta
+
+    def _empty_meta(self) -> dict[str, Any]:
+        return {**self._meta, "len": 0, "order": 0, "tail": []}
+
+    # -- the insertion-order log ---------------------------------------------------------------
+    # meta["order"] = the number of slots. The last few (< _TAIL_MAX) are meta["tail"], written
+    # with the metadata every insert writes anyway; the others, slots [0, spilled), are in
+    # chunks of _LOG_CHUNK keys in _ons (the last chunk may be short).
+
+    def _order(self) -> int:
+        """The log's length. A dict written before the log existed gets one, in the order its
+        keys are listed (once)."""
+        hi = self._meta.get("order")
+        if hi is None:
+            keys = list(self._ns.keys())
+            self._meta["order"], self._meta["tail"] = 0, []
+            self._append(keys)
+            self._save_meta()
+            hi = self._meta["order"]
+        return int(hi)
+
+    def _spilled(self) -> int:
+        return self._order() - len(self._meta["tail"])
+
+    def _chunk_ids(self) -> range:
+        """Ids of the log's chunk entries."""
+        return range((self._spilled() + _LOG_CHUNK - 1) // _LOG_CHUNK)
+
+    def _append(self, keys: list[Any]) -> None:
+        """Append keys to the log (the caller saves the metadata)."""
+        if not keys:
+            return
+        hi = self._order()
+        tail = self._meta["tail"]
+        tail.extend(keys)
+        self._meta["order"] = hi + len(keys)
+        if len(tail) < _TAIL_MAX:
+            return
+        # Spill the tail into the chunks: the first one touched may be partly full.
+        s0 = hi + len(keys) - len(tail)
+        cid, off = divmod(s0, _LOG_CHUNK)
+        chunk = list(self._ons.get(cid) or ()) if off else []
+        writes = []
+        for key in tail:
+            chunk.append(key)
+            if len(chunk) == _LOG_CHUNK:
+                writes.append((cid, chunk))
+                cid, chunk = cid + 1, []
+        if chunk:
+            writes.append((cid, chunk))
+        self._put_chunks(writes)
+        self._meta["tail"] = []
+
+    def _put_chunks(self, writes: list[tuple[int, list[Any]]]) -> None:
+        """Write log chunks. Over a manager's own namespace each goes with a weight worked
+        out from its length and one key, as the quadtree does with its nodes: the heap's
+        sampling walk over a 256-key list cost more than the rest of an insert (about 40 us
+        a chunk)."""
+        put_items = getattr(self._manager, "_put_items", None)
+        kb = getattr(self._ons, "_kb", None)
+        if put_items is None or kb is None:
+            put_many(self._ons, writes)
+            return
+        put_items([(cid, kb(cid), chunk) for cid, chunk in writes], None,
+                  [sys.getsizeof(chunk) + len(chunk) * estimate_size(chunk[-1])
+                   for _, chunk in writes])
+
+    def _log(self) -> list[Any]:
+        """Every slot of the log, dead ones included."""
+        out: list[Any] = []
+        ids = self._chunk_ids()
+        for b0 in range(0, len(ids), _LOG_BATCH):
+            batch = list(ids[b0:b0 + _LOG_BATCH])
+            found = get_many(self._ons, batch)
+            for cid in batch:
+                out.extend(found.get(cid, ()))
+        out.extend(self._meta["tail"])
+        return out
+
+    def _ordered_keys(self) -> list[Any]:
+        """The keys in insertion order. A slot is dead when its key was deleted (and perhaps
+        inserted again, at a later slot): with no dead slot the log *is* the order; else the
+        last slot of each present key counts, and the log is rewritten without the dead."""
+        n = self._meta["len"]
+        if self._order() == n:
+            return self._log() if n else []
+        present = set(self._ns.keys())
+        last = {k: None for k in reversed(self._log()) if k in present}
+        keys = list(reversed(last))
+        if len(keys) != n:  # keys not in the log (written by another writer): at the end
+            keys.extend(k for k in present if k not in last)
+        self._rewrite(keys)
+        return keys
+
+    def _rewrite(self, keys: list[Any]) -> None:
+        """Replace the log by ``keys`` (all live)."""
+        old = self._chunk_ids()
+        new = [(c, keys[c * _LOG_CHUNK:(c + 1) * _LOG_CHUNK])
+               for c in range((len(keys) + _LOG_CHUNK - 1) // _LOG_CHUNK)]
+        dead = [c for c in old if c >= len(new)]
+        if dead:
+            delete_many(self._ons, dead)
+        if new:
+            put_many(self._ons, new)
+        self._meta["tail"] = []
+        self._meta["order"] = len(keys)
+        self._meta["len"] = len(keys)
+        self._save_meta()
+
+    def _added(self, keys: list[Any]) -> None:
+        """``keys`` were just stored and are new: count them and log them."""
+        self._ver += 1
+        self._append(keys)
+        n = self._meta["len"] = self._meta["len"] + len(keys)
+        self._save_meta()
+        if self._meta["order"] - n > n + _LOG_CHUNK:
+            self._ordered_keys()  # more dead slots than live ones: compact (amortised O(1))
+
+    def _removed(self, count: int = 1) -> None:
+        self._ver += 1
+        self._meta["len"] -= count
+        if self._meta["len"] == 0:
+            self._drop_log()
+        self._save_meta()
+
+    def _drop_log(self) -> None:
+        ids = list(self._chunk_ids())
+        if ids:
+            delete_many(self._ons, ids)
+        self._meta["order"], self._meta["tail"] = 0, []
+
+    def _iter_keys(self, keys: list[Any]) -> Iterator[Any]:
+        # dict's iterators raise at their next step once the dict changed size.
+        n = self._meta["len"]
+        for key in keys:
+            if self._meta["len"] != n:
+                raise RuntimeError("dictionary changed size during iteration")
+            yield key
+        if self._meta["len"] != n:
+            raise RuntimeError("dictionary changed size during iteration")
 
     # -- the five abstract methods -----------------------------------------------------------
 
@@ -84,18 +257,22 @@ class CacheableDict(Cacheable, MutableMapping):
         is_new = not self._ns.contains(key)
         self._ns.put(key, stored)
         if is_new:
-            self._add_len(1)
+            self._added([key])
+        else:
+            self._ver += 1
 
     def __delitem__(self, key: Any) -> None:
         k = _key(key)
         if k is _BAD or not self._ns.contains(k):
             raise KeyError(key)
         self._ns.delete(k)
-        self._add_len(-1)
+        self._removed()
 
     def __iter__(self) -> Iterator[Any]:
-        # A snapshot: mutating the dict while iterating is then harmless (a dict would raise).
-        return iter(list(self._ns.keys()))
+        return self._iter_keys(self._ordered_keys())
+
+    def __reversed__(self) -> Iterator[Any]:
+        return self._iter_keys(self._ordered_keys()[::-1])
 
     def __len__(self) -> int:
         return int(self._meta["len"])
@@ -121,13 +298,47 @@ class CacheableDict(Cacheable, MutableMapping):
                 raise KeyError(key)
             return default
         self._ns.delete(k)
-        self._add_len(-1)
+        self._removed()
         return self._load(value)
 
     def popitem(self) -> tuple[Any, Any]:
-        for key in self._ns.keys():
-            return key, self.pop(key)
-        raise KeyError("popitem(): dictionary is empty")
+        """Remove and return the last inserted item (LIFO), as dict does."""
+        if not self._meta["len"]:
+            raise KeyError("popitem(): dictionary is empty")
+        # Walk back from the last slot, cutting each: the first present key met is at its
+        # last slot (every slot after it is dead).
+        while True:
+            key = self._cut_last()
+            if key is _MISSING:   # the levels lost keys the count has: believe the levels
+                self._rewrite([])
+                raise KeyError("popitem(): dictionary is empty")
+            value = self._ns.get(key, _MISSING)
+            if value is not _MISSING:
+                self._ns.delete(key)
+                self._removed()
+                return key, self._load(value)
+
+    def _cut_last(self) -> Any:
+        """Remove the log's last slot and return its key (``_MISSING`` if the log is empty).
+        An empty tail first takes the last few slots of the last chunk."""
+        tail = self._meta["tail"]
+        if not tail:
+            hi = self._order()
+            if hi == 0:
+                return _MISSING
+            cid = (hi - 1) // _LOG_CHUNK
+            chunk = self._ons.get(cid) or []
+            k = min(len(chunk), _TAIL_MAX - 1)
+            if len(chunk) > k:
+                self._ons.put(cid, chunk[:len(chunk) - k])
+            else:
+                self._ons.delete(cid)
+            tail = self._meta["tail"] = chunk[len(chunk) - k:]
+            if not tail:
+                self._meta["order"] = cid * _LOG_CHUNK
+                return self._cut_last()
+        self._meta["order"] -= 1
+        return tail.pop()
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         key = _write_key(key)
@@ -135,41 +346,108 @@ class CacheableDict(Cacheable, MutableMapping):
         if value is not _MISSING:
             return self._load(value)
         self._ns.put(key, self._store(default))
-        self._add_len(1)
+        self._added([key])
         return default
 
-    def update(self, other: Any = (), /, **kwargs: Any) -> None:  # type: ignore[override]
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """dict.update: a mapping (anything with ``keys()``) or an iterable of pairs, then
+        the keyword arguments; the items before a bad one are kept, as dict keeps them."""
+        if len(args) > 1:
+            raise TypeError(f"update expected at most 1 argument, got {len(args)}")
         items: dict[Any, Any] = {}
-        if isinstance(other, Mapping):
-            for k in other:
-                items[k] = other[k]
-        elif hasattr(other, "keys"):
-            for k in other.keys():
-                items[k] = other[k]
-        else:
-            for k, v in other:
+        try:
+            if args:
+                other = args[0]
+                if isinstance(other, CacheableDict):
+                    for k, v in other.items():
+                        items[_write_key(k)] = v
+                elif hasattr(other, "keys"):
+                    for k in other.keys():
+                        items[_write_key(k)] = other[k]
+                else:
+                    for i, pair in enumerate(other):
+                        try:
+                            pair = tuple(pair)
+                        except TypeError:
+                            raise TypeError("cannot convert dictionary update sequence element "
+                                            f"#{i} to a sequence") from None
+                        if len(pair) != 2:
+                            raise ValueError(f"dictionary update sequence element #{i} has "
+                                             f"length {len(pair)}; 2 is required")
+                        items[_write_key(pair[0])] = pair[1]
+            for k, v in kwargs.items():
                 items[k] = v
-        items.update(kwargs)
+        finally:
+            self._put_items(items)
+
+    def _put_items(self, items: dict[Any, Any]) -> None:
         if not items:
             return
         keys = list(items)
-        present = self._ns.get_many(keys)
-        self._ns.put_many([(k, self._store(v)) for k, v in items.items()])
-        self._add_len(len(keys) - len(present))
+        present = get_many(self._ns, keys)
+        put_many(self._ns, [(k, self._store(v)) for k, v in items.items()])
+        new = [k for k in keys if k not in present]
+        if new:
+            self._added(new)
+        else:
+            self._ver += 1
 
     def clear(self) -> None:
         keys = list(self._ns.keys())
         if keys:
-            self._ns.delete_many(keys)
+            delete_many(self._ns, keys)
         if self._meta["len"]:
-            self._meta["len"] = 0
-            self._save_meta()
+            self._removed(self._meta["len"])
+
+    def drop(self) -> None:
+        self._drop_log()
+        super().drop()
 
     def copy(self) -> dict[Any, Any]:
-        """A plain ``dict`` with the current items (nested structures stay structures)."""
-        keys = list(self._ns.keys())
-        found = self._ns.get_many(keys)
-        return {k: self._load(found[k]) for k in keys if k in found}
+        """A plain ``dict`` with the current items in insertion order (nested structures stay
+        structures)."""
+        keys = self._ordered_keys()
+        out: dict[Any, Any] = {}
+        for b0 in range(0, len(keys), _ITEM_BATCH):
+            batch = keys[b0:b0 + _ITEM_BATCH]
+            found = get_many(self._ns, batch)
+            for k in batch:
+                if k in found:
+                    out[k] = self._load(found[k])
+        return out
+
+    def keys(self) -> "_Keys":  # type: ignore[override]
+        return _Keys(self)
+
+    def items(self) -> "_Items":  # type: ignore[override]
+        return _Items(self)
+
+    def values(self) -> "_Values":  # type: ignore[override]
+        return _Values(self)
+
+    def _iter_items(self, reverse: bool = False) -> Iterator[tuple[Any, Any]]:
+        """(key, value) in order, values read a batch at a time."""
+        keys = self._ordered_keys()
+        if reverse:
+            keys.reverse()
+        n = self._meta["len"]
+        i = 0
+        while i < len(keys):
+            # A batch of values is read at once; a write through this object (``_ver``) makes
+            # the loop read again from where it is, so it sees the values a dict's loop sees.
+            ver = self._ver
+            batch = keys[i:i + _ITEM_BATCH]
+            found = get_many(self._ns, batch)
+            for k in batch:
+                if self._meta["len"] != n:
+                    raise RuntimeError("dictionary changed size during iteration")
+                if self._ver != ver:
+                    break
+                i += 1
+                if k in found:
+                    yield k, self._load(found[k])
+        if self._meta["len"] != n:
+            raise RuntimeError("dictionary changed size during iteration")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Mapping):
@@ -183,11 +461,13 @@ class CacheableDict(Cacheable, MutableMapping):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
+    # ``|`` takes mappings (a dict with another mapping type gets there through that type's
+    # reflected operator: UserDict, mappingproxy); ``|=`` takes anything ``update`` takes.
     def __or__(self, other: Any) -> dict[Any, Any]:
         if not isinstance(other, Mapping):
             return NotImplemented
         out = self.copy()
-        out.update(other)
+        out.update(other.copy() if isinstance(other, CacheableDict) else other)
         return out
 
     def __ror__(self, other: Any) -> dict[Any, Any]:
@@ -201,7 +481,74 @@ class CacheableDict(Cacheable, MutableMapping):
         self.update(other)
         return self
 
+    @reprlib.recursive_repr("{...}")
+    def __repr__(self) -> str:
+        # A dict's repr: the items (``name`` and ``len`` say which structure it is).
+        return repr(self.copy())
+
     @classmethod
-    def fromkeys(cls, *args: Any) -> Any:  # pragma: no cover - a dict classmethod
-        raise TypeError("CacheableDict.fromkeys: open a dict with manager.dict(name), then "
-                        "call update(dict.fromkeys(...))")
+    def fromkeys(cls, iterable: Iterable[Any], value: Any = None) -> dict[Any, Any]:
+        """A plain ``dict`` (a cacheable one needs a manager and a name: open it and
+        ``update`` it with this), as ``|`` and ``copy()`` return plain dicts."""
+        return dict.fromkeys(iterable, value)
+
+
+class _Keys(KeysView):
+    """``d.keys()``: a set-like view in insertion order, reversible, like ``dict_keys``."""
+
+    __slots__ = ()
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(self._mapping)
+
+    @property
+    def mapping(self) -> Any:
+        return MappingProxyType(self._mapping)
+
+    def __repr__(self) -> str:
+        return f"dict_keys({list(self)!r})"
+
+
+class _Items(ItemsView):
+    """``d.items()``: values read a batch of keys at a time; reversible, like ``dict_items``."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return self._mapping._iter_items()
+
+    def __reversed__(self) -> Iterator[tuple[Any, Any]]:
+        return self._mapping._iter_items(reverse=True)
+
+    def __contains__(self, item: object) -> bool:
+        if not isinstance(item, tuple) or len(item) != 2:
+            return False
+        key, value = item
+        v = self._mapping.get(key, _MISSING)
+        return v is not _MISSING and (v is value or v == value)
+
+    @property
+    def mapping(self) -> Any:
+        return MappingProxyType(self._mapping)
+
+    def __repr__(self) -> str:
+        return f"dict_items({list(self)!r})"
+
+
+class _Values(ValuesView):
+    """``d.values()``: values read a batch of keys at a time; reversible, like ``dict_values``."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[Any]:
+        return (v for _, v in self._mapping._iter_items())
+
+    def __reversed__(self) -> Iterator[Any]:
+        return (v for _, v in self._mapping._iter_items(reverse=True))
+
+    @property
+    def mapping(self) -> Any:
+        return MappingProxyType(self._mapping)
+
+    def __repr__(self) -> str:
+        return f"dict_values({list(self)!r})"
