@@ -94,7 +94,13 @@ class _Windows:
         self._cur = self._codec.new_block(0, 0)
         self._closed = False
         if reopening:
-            self._load(meta_path)
+            try:
+                self._load(meta_path)
+            except BaseException:
+                # (a directory holding another configuration: the data file's descriptor
+                # was left open, one per failed attempt, until the process ended)
+                self._repo.close()
+                raise
         elif slide is not None:  # a time grid is fixed by the first tuple
             self._next_slide = int(slide) if kind == "count" else -math.inf
         for i, w in enumerate(self._wins):

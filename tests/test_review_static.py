@@ -212,3 +212,24 @@ def test_simulate_refuses_a_non_positive_request_count(capsys, tmp_path, request
                         "--no-plot", "--no-progress", "--csv", str(tmp_path / "x.csv")])
     assert rc == 2
     assert "requests: must be a positive integer" in capsys.readouterr().err
+
+
+def test_window_reopened_with_another_configuration_closes_its_data_file(tmp_path):
+    """Reopening a window directory with another configuration raises ConfigError; the data
+    file opened before the check was never closed (a raw descriptor: one leaked per try)."""
+    import os
+
+    from mlcache.structures import SlidingWindow
+
+    d = str(tmp_path / "w")
+    with SlidingWindow(10.0, directory=d) as w:
+        w.append(1.0, 1.0)
+    fds = lambda: len(os.listdir("/proc/self/fd"))   # noqa: E731
+    before = fds()
+    for _ in range(5):
+        with pytest.raises(ConfigError, match="another configuration"):
+            SlidingWindow(20.0, directory=d)
+    assert fds() == before
+    with SlidingWindow(10.0, directory=d) as w:    # the right configuration still continues
+        w.append(2.0, 2.0)
+        assert w.result().count == 2
