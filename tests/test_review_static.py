@@ -233,3 +233,68 @@ def test_window_reopened_with_another_configuration_closes_its_data_file(tmp_pat
     with SlidingWindow(10.0, directory=d) as w:    # the right configuration still continues
         w.append(2.0, 2.0)
         assert w.result().count == 2
+
+
+# -- Spark micro-batch snapshots go through the codec (allow_pickle, signatures) -------------
+
+_RAN: list = []
+
+
+def _trap_ran() -> None:
+    _RAN.append("unpickled")
+
+
+class _Trap:
+    """Unpickling it runs code (what a forged pickle would do)."""
+
+    def __reduce__(self):
+        return (_trap_ran, ())
+
+
+def test_batch_snapshot_is_never_unpickled_with_allow_pickle_false(redis_url):
+    """A versioned entry keeps the pre-batch state as bytes; BatchView read them back with a
+    bare pickle.loads, so allow_pickle=False (and a signing key) did not cover them: anyone
+    able to write the shared Redis could run code in the executors through a forged entry of
+    the batch being run. Snapshots now go through the manager's codec."""
+    import pickle
+
+    from mlcache.errors import IntegrityError
+    from mlcache.integrations.spark._versioned import MARK, BatchView
+
+    _RAN.clear()
+    cfg = CacheConfig(heap=HeapConfig(max_entries=100, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="bv"),), namespace="t",
+                      allow_pickle=False)
+    with CacheManager(cfg) as m:
+        ns = m.namespace("v")
+        # msgpack-encodable as a whole, so the codec stores it under allow_pickle=False
+        ns.put("k", [MARK, 5, "other-attempt", 1, 10, pickle.dumps(_Trap())])
+        m.checkpoint()
+    with CacheManager(cfg) as m:
+        view = BatchView(m.namespace("v"), 5, "mine")
+        with pytest.raises(IntegrityError):
+            view.get("k")
+    assert _RAN == []
+
+
+def test_batch_view_replays_through_the_codec_over_redis(redis_url):
+    """The snapshots' round trip through the codec, signed, with values msgpack and
+    cloudpickle encode."""
+    from mlcache.integrations.spark._versioned import BatchView, unwrap
+
+    cfg = CacheConfig(heap=HeapConfig(max_entries=100, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="bv2"),), namespace="t",
+                      signing_key=b"0123456789abcdef")
+    with CacheManager(cfg) as m:
+        ns = m.namespace("v")
+        BatchView(ns, 0, "a").put("k", {"n": [1, 2], "t": (3, 4)})
+        BatchView(ns, 0, "a").put("s", {1, 2})              # a set: cloudpickle
+        first = BatchView(ns, 1, "b")
+        first.put("k", {"n": [9]})
+        first.put("s", {3})
+        m.checkpoint()
+        replay = BatchView(ns, 1, "c")
+        assert replay.get("k") == {"n": [1, 2], "t": (3, 4)} and replay.get("s") == {1, 2}
+        replay.put("k", {"n": [7]})
+        assert sorted(replay.changes(), key=repr) == [("k", {"n": [7]}, {"n": [1, 2], "t": (3, 4)})]
+        assert unwrap(ns.get("k")) == (True, {"n": [7]})

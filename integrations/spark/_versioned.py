@@ -8,7 +8,8 @@ version beside the current one: every entry written during batch ``b`` is stored
     [MARK, b, attempt, present, value, previous]
 
 where ``attempt`` identifies one execution of one partition task and ``previous`` is the
-entry's state before batch ``b`` (pickled; ``b""`` when it did not exist). A reader in batch
+entry's state before batch ``b`` (encoded with the manager's codec, so ``allow_pickle`` and the
+signing key cover it as they cover the entry; ``b""`` when it did not exist). A reader in batch
 ``b`` and attempt ``a`` sees:
 
 - an entry of an earlier batch: its value (that *is* the state before ``b``);
@@ -17,7 +18,7 @@ entry's state before batch ``b`` (pickled; ``b""`` when it did not exist). A rea
 - an entry of a later batch: an error, since batch ids only move forward.
 
 A replay therefore recomputes from the pre-batch state whatever the first attempt flushed, and
-no publish step or undo log is needed: the cost is one tuple per entry and one pickle of the
+no publish step or undo log is needed: the cost is one tuple per entry and one encoding of the
 pre-batch value per key and batch (taken when the key is first read, so an in-place mutation of
 the returned object cannot destroy it). The rejected alternative, staging per (batch, partition)
 and publishing on commit, costs a second write of every changed entry and a lookup in two
@@ -28,10 +29,7 @@ Spark's own condition for exactly-once output.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any, Callable, Hashable, Iterable, Iterator
-
-import cloudpickle
 
 from mlcache.errors import CacheError
 
@@ -46,19 +44,17 @@ class ReplayError(CacheError):
     """State carries a newer batch id than the batch being run (batch ids went backwards)."""
 
 
-def _snapshot(present: bool, value: Any) -> bytes:
-    if not present:
-        return _ABSENT
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return cloudpickle.dumps(value)
+def _snapshot(codec: Any, present: bool, value: Any) -> bytes:
+    # The manager's codec, not pickle: these bytes are read back from the shared level, and a
+    # bare pickle.loads ran whatever a forged entry held, whatever allow_pickle and the
+    # signing key said.
+    return codec.encode(value) if present else _ABSENT
 
 
-def _restore(data: bytes) -> tuple[bool, Any]:
+def _restore(codec: Any, data: bytes) -> tuple[bool, Any]:
     if not data:
         return False, None
-    return True, pickle.loads(data)
+    return True, codec.decode(data)
 
 
 def _is_record(rec: Any) -> bool:
@@ -120,6 +116,7 @@ class BatchView:
         self.attempt = attempt
         self._before: dict[Hashable, bytes] = {}   # key -> pre-batch snapshot, first touch
         self._written: dict[Hashable, None] = {}
+        self._codec = ns.manager._codec
 
     def _read(self, key: Hashable) -> tuple[bool, Any]:
         rec = self.ns.get(key, _MISSING)
@@ -137,13 +134,13 @@ class BatchView:
         if batch == self.batch:          # another attempt of this batch: start from before it
             if key not in self._before:
                 self._before[key] = rec[5]
-            return _restore(rec[5])
+            return _restore(self._codec, rec[5])
         if batch > self.batch:
             raise ReplayError(f"entry {key!r} was written by batch {batch}, after batch "
                               f"{self.batch}; batch ids must not go backwards", key=key)
         present, value = bool(rec[3]), rec[4]
         if key not in self._before:
-            self._before[key] = _snapshot(present, value)
+            self._before[key] = _snapshot(self._codec, present, value)
         return present, value
 
     def get(self, key: Hashable, default: Any = None) -> Any:
@@ -177,7 +174,7 @@ class BatchView:
         """(key, new, old) once per key written in this attempt; ``None`` stands for absent."""
         for key in self._written:
             present, new = self._read(key)
-            had, old = _restore(self._before.get(key, _ABSENT))
+            had, old = _restore(self._codec, self._before.get(key, _ABSENT))
             yield key, (new if present else None), (old if had else None)
 
 
