@@ -41,6 +41,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
             mod.add_arguments(p)
 
 
+def _port(text: str) -> int:
+    """``--metrics-port``: 0 (a free port) to 65535 (a larger number failed with socket's
+    OverflowError traceback once the job had started)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {port}")
+    return port
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     if args.bench == "all":
         from .bench import all as bench_all
@@ -72,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--quick", action="store_true", help="a smaller run")
     demo.add_argument("--redis", metavar="URL", help="add a Redis level: a URL or 'embedded'")
     demo.add_argument("--local", action="store_true", help="single process, no Spark")
-    demo.add_argument("--metrics-port", type=int, metavar="PORT",
+    demo.add_argument("--metrics-port", type=_port, metavar="PORT",
                       help="serve Prometheus metrics on 127.0.0.1:PORT while the job runs "
                            "(read them with `mlcache stats --port PORT`)")
     _add_bench(sub)
@@ -91,8 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_bench(args)
     if args.command == "demo":
         from .demo import main as demo_main
+        from .errors import ConfigError
 
-        return demo_main(args)
+        try:
+            return demo_main(args)
+        except ConfigError as exc:    # e.g. --redis with a URL that is not redis://...
+            print(f"mlcache demo: {exc}", file=sys.stderr)
+            return 2
     if args.command == "simulate":
         from .sim.cli import main as sim_main
 

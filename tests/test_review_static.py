@@ -298,3 +298,16 @@ def test_batch_view_replays_through_the_codec_over_redis(redis_url):
         replay.put("k", {"n": [7]})
         assert sorted(replay.changes(), key=repr) == [("k", {"n": [7]}, {"n": [1, 2], "t": (3, 4)})]
         assert unwrap(ns.get("k")) == (True, {"n": [7]})
+
+
+# -- mlcache demo: bad arguments are reported, not raised as tracebacks ---------------------
+
+def test_demo_reports_a_bad_redis_url_and_port(capsys):
+    from mlcache.cli import main as cli_main
+
+    assert cli_main(["demo", "--local", "--quick", "--redis", "http://nope"]) == 2
+    assert "mlcache demo: redis.url: must be redis://" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:     # argparse's usage error, exit status 2
+        cli_main(["demo", "--local", "--quick", "--metrics-port", "99999"])
+    assert info.value.code == 2
+    assert "a port is 0..65535, got 99999" in capsys.readouterr().err
