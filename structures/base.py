@@ -229,6 +229,22 @@ class Cacheable:
         # Inside a plain container value a structure travels as a reference, never by copy.
         return (StructureRef, (self.kind, self._name))
 
+    def __copy__(self) -> Any:
+        """``copy.copy``: what ``copy()`` gives (a plain dict, list or set), as ``copy.copy``
+        of a built-in gives its ``copy()``; without this it fell back to ``__reduce__`` and
+        returned a ``StructureRef``."""
+        plain = getattr(self, "copy", None)
+        if plain is None:   # a structure with no plain form: its reference, as before
+            return StructureRef(self.kind, self._name)
+        return plain()
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        """``copy.deepcopy``: a deep copy of the plain copy, so nested structures become
+        plain containers too (a snapshot of the whole state)."""
+        import copy
+
+        return copy.deepcopy(self.__copy__(), memo)
+
     __hash__ = None  # type: ignore[assignment]  # mutable, like list/dict/set
 
     def __repr__(self) -> str:

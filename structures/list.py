@@ -317,10 +317,15 @@ class CacheableList(Cacheable, MutableSequence):
         self._add_len(1)
 
     def extend(self, values: Iterable[Any]) -> None:
-        items = [self._store(v) for v in values]
-        if items:
-            self._write(self._meta["head"] + self._meta["len"], items)
-            self._add_len(len(items))
+        items: list[Any] = []
+        try:
+            for v in values:
+                items.append(self._store(v))
+        finally:
+            # list.extend keeps the elements taken before an error in the iterable
+            if items:
+                self._write(self._meta["head"] + self._meta["len"], items)
+                self._add_len(len(items))
 
     def appendleft(self, value: Any) -> None:
         """``insert(0, value)``: O(1), moves ``head`` back."""

@@ -241,3 +241,40 @@ def test_nested_structures_still_work(manager):
     assert outer[0] is inner and inner == [1, 2, 3]
     assert repr(outer) == "[[1, 2, 3], 'x']"
     assert [list(v) if isinstance(v, CacheableList) else v for v in outer] == [[1, 2, 3], "x"]
+
+
+def test_extend_keeps_elements_taken_before_an_error(pair):
+    """Regression: an iterable that raised part-way left the CacheableList unchanged, where
+    list.extend (and ``+=``) keeps what it took."""
+    def extend_failing(o):
+        def gen():
+            yield 8
+            yield 9
+            raise RuntimeError("boom")
+        o.extend(gen())
+    pair.check(extend_failing)
+
+    def iadd_failing(o):
+        def gen():
+            yield 8
+            raise RuntimeError("boom")
+        o += gen()
+    pair.check(iadd_failing)
+
+
+def test_copy_module_gives_plain_copies(manager):
+    """Regression: copy.copy/deepcopy fell back to __reduce__ and gave a StructureRef."""
+    import copy
+
+    outer = manager.list("outer-copy", chunk_size=2)
+    inner = manager.list("inner-copy", chunk_size=2)
+    inner.extend([1, 2])
+    outer.extend([inner, 3])
+    shallow, deep = copy.copy(outer), copy.deepcopy(outer)
+    assert type(shallow) is list and shallow[0] is inner and shallow == [[1, 2], 3]
+    assert type(deep) is list and type(deep[0]) is list and deep == [[1, 2], 3]
+    d, s = manager.dict("d-copy"), manager.set("s-copy")
+    d["k"] = inner
+    s.add(1)
+    assert copy.copy(d) == {"k": inner} and type(copy.deepcopy(d)["k"]) is list
+    assert type(copy.copy(s)) is set and copy.deepcopy(s) == {1}

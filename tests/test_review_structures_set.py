@@ -87,7 +87,10 @@ def test_operators_refuse_non_sets(pair):
         for name in BINARY + IN_PLACE:
             f = getattr(operator, name)
             pair.check(lambda s: f(s, other))
-            pair.check(lambda s: f(other, s))
+            if not (isinstance(other, dict) and name in IN_PLACE):
+                # (``a_dict |= a_set`` fails on the first element the set yields, and a
+                # CacheableSet lists its elements in another order than a set)
+                pair.check(lambda s: f(other, s))
 
 
 def test_methods_take_any_iterables(pair):
