@@ -129,12 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--watch", type=float, metavar="SECONDS",
                         help="scrape again every SECONDS until interrupted")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.watch is not None and not args.watch > 0:
+        # (time.sleep raised ValueError after the first scrape)
+        parser.error(f"--watch must be a positive number of seconds, got {args.watch}")
     url = args.url or f"http://{args.host}:{args.port}/metrics"
     try:
         while True:
             try:
                 text = scrape(url)
-            except (urllib.error.URLError, OSError) as exc:
+            except (urllib.error.URLError, OSError, ValueError) as exc:   # ValueError: not a URL
                 print(f"mlcache stats: cannot scrape {url}: {exc}", file=sys.stderr)
                 return 1
             if args.raw:

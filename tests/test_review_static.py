@@ -311,3 +311,15 @@ def test_demo_reports_a_bad_redis_url_and_port(capsys):
         cli_main(["demo", "--local", "--quick", "--metrics-port", "99999"])
     assert info.value.code == 2
     assert "a port is 0..65535, got 99999" in capsys.readouterr().err
+
+
+def test_stats_reports_a_bad_url_and_watch_interval(capsys):
+    """--url notaurl raised urllib's ValueError as a traceback; --watch -1 scraped once and
+    then failed in time.sleep."""
+    from mlcache.stats_cli import main as stats_main
+
+    assert stats_main(["--url", "notaurl"]) == 1
+    assert "cannot scrape notaurl" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        stats_main(["--port", "1", "--watch", "-1"])
+    assert info.value.code == 2 and "--watch must be a positive" in capsys.readouterr().err
