@@ -351,6 +351,11 @@ class CacheConfig:
         if "heap" in data and data["heap"] is not None:
             kwargs["heap"] = _build(HeapConfig, data["heap"], "heap")
         if "levels" in data:
+            if isinstance(data["levels"], (str, bytes, Mapping)) or not isinstance(
+                    data["levels"], (list, tuple)):
+                # (an int or null raised TypeError; a string was iterated by characters)
+                raise ConfigError("levels", f"must be a list of level settings, "
+                                            f"got {type(data['levels']).__name__}")
             levels = []
             for i, spec in enumerate(data["levels"]):
                 if isinstance(spec, LevelConfig):

@@ -323,3 +323,12 @@ def test_stats_reports_a_bad_url_and_watch_interval(capsys):
     with pytest.raises(SystemExit) as info:
         stats_main(["--port", "1", "--watch", "-1"])
     assert info.value.code == 2 and "--watch must be a positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("levels", [5, None, "disk", {"type": "disk"}])
+def test_config_from_dict_refuses_levels_that_are_not_a_list(levels):
+    """{"levels": 5} or null raised TypeError (not iterable), "disk" complained about
+    levels[0] ('d'), a single mapping about its first key."""
+    with pytest.raises(ConfigError) as info:
+        CacheConfig.from_dict({"levels": levels})
+    assert info.value.field == "levels"
