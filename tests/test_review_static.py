@@ -332,3 +332,28 @@ def test_config_from_dict_refuses_levels_that_are_not_a_list(levels):
     with pytest.raises(ConfigError) as info:
         CacheConfig.from_dict({"levels": levels})
     assert info.value.field == "levels"
+
+
+# -- SparkCache: decorator arguments are checked on the driver ------------------------------
+
+def test_spark_cache_checks_depth_ts_and_listeners_on_the_driver(redis_url):
+    """depth=, ts= and listeners/sink were only looked at on the executors, when a task ran
+    (a listener that is not callable after the partition's work was done and flushed)."""
+    from mlcache.integrations.spark import SparkCache
+
+    cache = SparkCache(CacheConfig(levels=(RedisConfig(url=redis_url, prefix="sc"),)))
+
+    def fn(records, state):
+        return records
+
+    with pytest.raises(ValueError, match="depth="):
+        cache.partitions(fn, key="k", depth="fast")
+    with pytest.raises(ValueError, match="depth="):
+        cache.pandas(fn, key="k", depth=-1)
+    with pytest.raises(TypeError, match="ts="):
+        cache.partitions(fn, key="k", ts=1.5)
+    with pytest.raises(TypeError, match="flush listener"):
+        cache.partitions(fn, key="k", listeners=[5])
+    with pytest.raises(TypeError, match="flush listener"):
+        cache.foreach_batch(lambda df, bid: None, sink="not callable")
+    cache.partitions(fn, key="k", ts="t", depth=8, listeners=[print])    # valid: accepted

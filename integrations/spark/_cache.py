@@ -16,7 +16,7 @@ from mlcache.errors import ConfigError
 from ._conf import config_from_spark_conf, prepare_for_executors
 from ._epochs import open_epoch_store
 from ._partition import (BATCH_PROPERTY, PandasFunction, PartitionFunction, PartitionSpec,
-                         as_pandas_udf, batch_context)
+                         _listener_calls, as_pandas_udf, batch_context)
 from ._scope import partition_prefix
 from ._versioned import unwrap
 
@@ -60,9 +60,18 @@ class SparkCache:
               listeners: Iterable[Any]) -> PartitionSpec:
         if key is not None and not callable(key) and not isinstance(key, (str, int)):
             raise TypeError(f"key= must be a function, a field/column name or None, got {key!r}")
+        # Checked here, on the driver: the executors found these only when a task ran (a bad
+        # listener after the partition's work was done and flushed), inside a Spark error.
+        if ts is not None and not callable(ts) and not isinstance(ts, (str, int)):
+            raise TypeError(f"ts= must be a function, a field/column name or None, got {ts!r}")
+        if depth != "auto" and (isinstance(depth, bool) or not isinstance(depth, int)
+                                or depth < 0):
+            raise ValueError(f"depth= must be 'auto' or an int >= 0, got {depth!r}")
+        listeners = tuple(listeners)
+        _listener_calls(listeners)
         return PartitionSpec(config=self.config, scope=self.name, state=_check_name("state", state),
                              key=key, ts=ts, depth=depth, prefetch=prefetch,
-                             listeners=tuple(listeners), collect_stats=self.collect_stats)
+                             listeners=listeners, collect_stats=self.collect_stats)
 
     def partitions(self, fn: Callable[..., Any] | None = None, *, key: Any = None,
                    ts: Callable[[Any], float] | None = None, state: str = "state",
@@ -110,6 +119,7 @@ class SparkCache:
         each partition's deduplicated changes when it commits.
         """
         sinks = () if sink is None else (sink,)
+        _listener_calls(sinks)     # on the driver, not in every task's commit
         name = self.name
         store_config = self.config
 
