@@ -357,3 +357,23 @@ def test_spark_cache_checks_depth_ts_and_listeners_on_the_driver(redis_url):
     with pytest.raises(TypeError, match="flush listener"):
         cache.foreach_batch(lambda df, bid: None, sink="not callable")
     cache.partitions(fn, key="k", ts="t", depth=8, listeners=[print])    # valid: accepted
+
+
+def test_versioned_view_tells_a_user_list_holding_an_array_from_a_record(redis_url):
+    """A plain value [array, ...] of six items made ``rec[0] == MARK`` an array, whose truth
+    value raised ValueError (in snapshot()'s unwrap, and instead of BatchView's ReplayError)."""
+    np = pytest.importorskip("numpy")
+    from mlcache.integrations.spark._versioned import BatchView, ReplayError, unwrap
+
+    value = [np.array(["a", "b"]), 1, 2, 3, 4, 5]
+    present, got = unwrap(value)
+    assert present and got is value
+    cfg = CacheConfig(heap=HeapConfig(max_entries=100, max_bytes=None),
+                      levels=(RedisConfig(url=redis_url, prefix="uv"),), namespace="t")
+    with CacheManager(cfg) as m:
+        ns = m.namespace("v")
+        ns.put("k", value)
+        m.checkpoint()
+    with CacheManager(cfg) as m:
+        with pytest.raises(ReplayError, match="without a batch id"):
+            BatchView(m.namespace("v"), 1, "a").get("k")

@@ -58,7 +58,9 @@ def _restore(codec: Any, data: bytes) -> tuple[bool, Any]:
 
 
 def _is_record(rec: Any) -> bool:
-    return isinstance(rec, (list, tuple)) and len(rec) == 6 and rec[0] == MARK
+    # (``rec[0] == MARK`` of a user's numpy array is an array: its truth value raised)
+    return isinstance(rec, (list, tuple)) and len(rec) == 6 and type(rec[0]) is str \
+        and rec[0] == MARK
 
 
 def unwrap(rec: Any) -> tuple[bool, Any]:
