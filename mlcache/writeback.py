@@ -158,6 +158,7 @@ class WriteBack:
         self.names = list(names)
         self.lock = lock                    # the manager's lock: buffer, tombstones, wseq
         self.io_lock = threading.Lock()     # serialises every write to the byte levels
+        self._start_lock = threading.Lock()  # one set of writer threads per process
         self.stats = stats
         self.batch_size = batch_size
         self.buffer_max = buffer_max
@@ -267,6 +268,7 @@ class WriteBack:
     def reset_after_fork(self, lock: Any) -> None:
         self.lock = lock
         self.io_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self.inflight_bytes = 0   # a write the parent was running does not exist here
         self._wake = threading.Event()
         self._threads = []
@@ -280,13 +282,17 @@ class WriteBack:
         """Start the writer threads in this process (again after a fork)."""
         if self._pid == os.getpid() or not self.writer_threads or self._stop.is_set():
             return
-        self._pid = os.getpid()
-        self._threads = []
-        for i in range(self.writer_threads):
-            t = threading.Thread(target=self._writer_loop, name=f"mlcache-writer-{i}",
-                                 daemon=True)
-            t.start()
-            self._threads.append(t)
+        # Called unlocked from the read, put and prefetch paths: two threads' first calls must
+        # not both start a set of writers (the first set would never be joined by stop()).
+        with self._start_lock:
+            if self._pid == os.getpid() or self._stop.is_set():
+                return
+            threads = [threading.Thread(target=self._writer_loop, name=f"mlcache-writer-{i}",
+                                        daemon=True) for i in range(self.writer_threads)]
+            self._threads = threads
+            self._pid = os.getpid()
+            for t in threads:
+                t.start()
 
     def _work_waiting(self) -> bool:
         return bool(len(self.buffer) or self.tombstones)
