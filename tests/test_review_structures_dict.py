@@ -312,3 +312,21 @@ def test_popitem_walks_back_across_log_chunks(manager):
     with pytest.raises(KeyError, match="dictionary is empty"):
         d.popitem()
     assert len(d) == 0 and list(d) == [] and d._meta["order"] == 0
+
+
+def test_metadata_weight_given_to_the_heap_is_its_own_estimate(manager):
+    """The dict writes its metadata with a weight worked out from its shape (the heap's walk
+    over it cost as much as the rest of an insert); that weight must be what the walk gives."""
+    import sys
+
+    from mlcache.levels.heap import estimate_size
+    from mlcache.structures import dict as dict_module
+
+    d = manager.dict("weighed")
+    for n in range(12):
+        d[f"key{n}"] = n
+        meta = d._meta
+        tail = meta["tail"]
+        given = dict_module._META_WEIGHT + sys.getsizeof(tail) + len(tail) * (
+            estimate_size(tail[-1]) if tail else 0)
+        assert given == estimate_size(meta)
