@@ -337,3 +337,17 @@ def test_metadata_weight_given_to_the_heap_is_its_own_estimate(manager):
     tail = d._meta["tail"]
     assert dict_module._META_WEIGHT + sys.getsizeof(tail) + len(tail) * (
         estimate_size(tail[-1]) if tail else 0) == estimate_size(d._meta)
+
+
+@pytest.mark.parametrize("level_kind", LEVELS)
+def test_dict_order_matches_dict_with_tiny_log_chunks(level_kind, request, monkeypatch):
+    """The same model check with log chunks of 4 keys and a tail of at most 2, so that the
+    spills, the walk back across chunks and the compaction run all the time."""
+    from mlcache.structures import dict as dict_module
+
+    monkeypatch.setattr(dict_module, "_LOG_CHUNK", 4)
+    monkeypatch.setattr(dict_module, "_TAIL_MAX", 2)
+    monkeypatch.setattr(dict_module, "_LOG_BATCH", 2)
+    redis_url = request.getfixturevalue("redis_url") if level_kind == "redis-disk" else None
+    run_state_machine_as_test(machine_for(DictOrderMachine, level_kind, redis_url),
+                              settings=MACHINE_SETTINGS)
