@@ -249,11 +249,15 @@ class CacheableDict(Cacheable, MutableMapping):
         self._meta["order"], self._meta["tail"] = 0, []
 
     def _iter_keys(self, keys: list[Any]) -> Iterator[Any]:
-        # dict's iterators raise at their next step once the dict changed size.
-        n = self._meta["len"]
+        # dict's iterators raise at their next step once the dict changed size. A change that
+        # kept the size (a key deleted, another added: the log grew) makes the loop skip the
+        # keys deleted meanwhile, which a dict's loop never yields either.
+        n, logged = self._meta["len"], self._meta.get("order")
         for key in keys:
             if self._meta["len"] != n:
                 raise RuntimeError("dictionary changed size during iteration")
+            if self._meta.get("order") != logged and key not in self:
+                continue
             yield key
         if self._meta["len"] != n:
             raise RuntimeError("dictionary changed size during iteration")

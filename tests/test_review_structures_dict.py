@@ -351,3 +351,18 @@ def test_dict_order_matches_dict_with_tiny_log_chunks(level_kind, request, monke
     redis_url = request.getfixturevalue("redis_url") if level_kind == "redis-disk" else None
     run_state_machine_as_test(machine_for(DictOrderMachine, level_kind, redis_url),
                               settings=MACHINE_SETTINGS)
+
+
+def test_a_loop_that_swaps_keys_never_sees_a_deleted_one(pair):
+    """Regression: the loop listed the keys up front, so a key deleted during the loop (with
+    another added, so the size stayed) was still yielded and ``d[k]`` raised KeyError."""
+    def swap(d):
+        seen = []
+        for k in d:
+            seen.append(k)
+            if k == "a":
+                del d[5]
+                d["new"] = 0
+        return 5 in seen
+    cd, _ = pair.make()
+    assert swap(cd) is False
