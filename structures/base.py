@@ -102,6 +102,13 @@ class Cacheable:
     # manager), so an iterator can tell that the structure changed under it, as list's and
     # dict's iterators do.
     __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "_ver", "__weakref__")
+    # the slots' types, for mypy (annotations only: the slots are the storage)
+    _manager: Any
+    _name: str
+    _ns: Any
+    _metans: Any
+    _meta: dict[str, Any]
+    _ver: int
 
     def __init__(self, manager: Any, name: str | None = None, **options: Any) -> None:
         raise TypeError(f"open a {type(self).__name__} with manager.{self.kind}(name) or "

@@ -30,8 +30,15 @@ from __future__ import annotations
 import operator
 import reprlib
 import sys
-from collections.abc import (Iterable, Iterator, ItemsView, KeysView, Mapping, MutableMapping,
-                             ValuesView)
+from collections.abc import (
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    MutableMapping,
+    ValuesView,
+)
 from types import MappingProxyType
 from typing import Any
 
@@ -94,6 +101,7 @@ class CacheableDict(Cacheable, MutableMapping):
 
     kind = "dict"
     __slots__ = ("_ons",)
+    _ons: Any
 
     def _attach(self) -> None:
         self._ons = self._manager.namespace(f"{self.kind}.order:{self._name}")
@@ -384,7 +392,7 @@ class CacheableDict(Cacheable, MutableMapping):
                     for k, v in other.items():
                         items[_write_key(k)] = v
                 elif hasattr(other, "keys"):
-                    for k in other.keys():
+                    for k in other.keys():  # noqa: SIM118 - dict.update calls keys()
                         items[_write_key(k)] = other[k]
                 else:
                     for i, pair in enumerate(other):
@@ -519,6 +527,7 @@ class _Keys(KeysView):
     """``d.keys()``: a set-like view in insertion order, reversible, like ``dict_keys``."""
 
     __slots__ = ()
+    _mapping: Any
 
     def __reversed__(self) -> Iterator[Any]:
         return reversed(self._mapping)
@@ -535,6 +544,7 @@ class _Items(ItemsView):
     """``d.items()``: values read a batch of keys at a time; reversible, like ``dict_items``."""
 
     __slots__ = ()
+    _mapping: Any
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return self._mapping._iter_items()
@@ -561,6 +571,7 @@ class _Values(ValuesView):
     """``d.values()``: values read a batch of keys at a time; reversible, like ``dict_values``."""
 
     __slots__ = ()
+    _mapping: Any
 
     def __iter__(self) -> Iterator[Any]:
         return (v for _, v in self._mapping._iter_items())

@@ -286,9 +286,9 @@ class CacheableList(Cacheable, MutableSequence):
         else:
             self._replace_from(lo, self._read(hi, n))
 
-    def insert(self, i: SupportsIndex, value: Any) -> None:
+    def insert(self, index: SupportsIndex, value: Any) -> None:
         n = self._meta["len"]
-        i = operator.index(i)
+        i = operator.index(index)
         if i < 0:
             i = max(0, i + n)
         i = min(i, n)
@@ -469,7 +469,8 @@ class CacheableList(Cacheable, MutableSequence):
             return NotImplemented
         return o + self.copy()
 
-    def __iadd__(self, values: Iterable[Any]) -> "CacheableList":
+    def __iadd__(self, values: Iterable[Any]) -> "CacheableList":  # type: ignore[misc]
+        # (``+`` gives a plain list, ``+=`` extends in place: the signatures differ on purpose)
         self.extend(values)
         return self
 

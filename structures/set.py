@@ -14,7 +14,8 @@ loop over the set raises ``RuntimeError`` if the set changed size.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, MutableSet, Set
+from collections.abc import Iterable, Iterator, MutableSet
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .base import Cacheable
@@ -193,7 +194,7 @@ class CacheableSet(Cacheable, MutableSet):
             return other.copy()
         if isinstance(other, (set, frozenset)):
             return other
-        if isinstance(other, Set):
+        if isinstance(other, AbstractSet):
             return set(other)
         return None
 
@@ -231,27 +232,27 @@ class CacheableSet(Cacheable, MutableSet):
         return NotImplemented if o is None else type(o)(o ^ self.copy())
 
     def __ior__(self, other: Any) -> Any:
-        if not isinstance(other, Set):
+        if not isinstance(other, AbstractSet):
             return NotImplemented
         if other is not self:
             self.update(other)
         return self
 
     def __iand__(self, other: Any) -> Any:
-        if not isinstance(other, Set):
+        if not isinstance(other, AbstractSet):
             return NotImplemented
         if other is not self:
             self.intersection_update(other)
         return self
 
     def __isub__(self, other: Any) -> Any:
-        if not isinstance(other, Set):
+        if not isinstance(other, AbstractSet):
             return NotImplemented
         self.difference_update(other)
         return self
 
     def __ixor__(self, other: Any) -> Any:
-        if not isinstance(other, Set):
+        if not isinstance(other, AbstractSet):
             return NotImplemented
         self.symmetric_difference_update(other)
         return self
