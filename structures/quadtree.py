@@ -83,7 +83,7 @@ from ._quadtree_geometry import ANY as _ANY
 from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE,
                                  PACKED_HEAD, PACKED_POINT, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1,
                                  Point, _check_bounds, _child_bounds, _min_of, _min_ts, _quadrant,
-                                 _quadtree_meta, _recs, ascii_strings, data_size, doubles,
+                                 _quadtree_meta, _recs, ascii_strings, chars, data_size, doubles,
                                  flat_points,
                                  n_points, node_size, pack_values, packed_points,
                                  points_size)
@@ -240,7 +240,7 @@ class _QuadtreeOps(_QuadtreeQueries):
                     self._split_packed(nid, node, pts, touched, capacity, max_depth)
                 elif ascii_data:
                     node[SIZE] += ((PACKED_POINT + ASCII) * len(batch)
-                                   + sum(map(len, new_data)))
+                                   + chars(new_data))
                 elif sized:
                     node[SIZE] += PACKED_POINT * len(batch) + data_size(new_data)
                 continue
@@ -337,7 +337,7 @@ class _QuadtreeOps(_QuadtreeQueries):
             child[PTS] = cpts
             if ascii:
                 child[SIZE] = (LEAF_SIZE + PACKED_HEAD + (PACKED_POINT + ASCII) * len(part)
-                               + sum(map(len, dpart))) if part else LEAF_SIZE
+                               + chars(dpart)) if part else LEAF_SIZE
             elif sized:
                 child[SIZE] = LEAF_SIZE + points_size(cpts)
 
@@ -738,9 +738,9 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
     # -- the rest ----------------------------------------------------------------------------
 
     def _admit(self, recs: list, datas: list) -> bool:
-        types = set(map(type, datas))
-        if types == _STR and all(map(str.isascii, datas)):
+        if ascii_strings(datas):
             return True   # msgpack takes any ASCII string: nothing to check
+        types = set(map(type, datas))
         if any(issubclass(t, Cacheable) for t in types):
             store = self._store
             for r in recs:
@@ -796,7 +796,6 @@ _PAGE_INNER = {k: _PAGE_LEN[k] - 4 ** k for k in _PAGE_LEN}
 # the memory of a page's list of slots (the nodes are charged their own sizes)
 _PAGE_HEAD = {n: 64 + _alloc(8 * n) for n in _PAGE_LEN.values()}
 _size_of = itemgetter(SIZE)
-_STR = {str}
 _TS = itemgetter(2)      # of an (x, y, ts) triple
 
 
