@@ -53,16 +53,24 @@ class CacheableSet(Cacheable, MutableSet):
     def __iter__(self) -> Iterator[Any]:
         # The elements are listed once; like set's iterator, the loop raises RuntimeError at its
         # next step if the set changed size meanwhile.
-        n = self._meta["len"]
+        # An element removed meanwhile by changes that kept the size is skipped, as a set's
+        # loop never yields it.
+        n, ver = self._meta["len"], self._ver
         for elem in list(self._ns.keys()):
             if self._meta["len"] != n:
                 raise RuntimeError("Set changed size during iteration")
+            if self._ver != ver and elem not in self:
+                continue
             yield elem
         if self._meta["len"] != n:
             raise RuntimeError("Set changed size during iteration")
 
     def __len__(self) -> int:
         return int(self._meta["len"])
+
+    def _add_len(self, delta: int) -> None:
+        self._ver += 1
+        super()._add_len(delta)
 
     def add(self, elem: Any) -> None:
         elem = _write_key(elem)
@@ -96,6 +104,7 @@ class CacheableSet(Cacheable, MutableSet):
         if keys:
             self._ns.delete_many(keys)
         if self._meta["len"]:
+            self._ver += 1
             self._meta["len"] = 0
             self._save_meta()
 

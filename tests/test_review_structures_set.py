@@ -165,3 +165,18 @@ def test_a_set_survives_reopen_and_is_nested_by_reference(manager):
     outer["tags"].add("y")
     assert tags == {"x", 2, "y"}
     assert repr(manager.set("empty")) == "set()"
+
+
+def test_a_loop_that_swaps_elements_never_sees_a_removed_one(manager):
+    """Regression: the loop listed the elements up front, so one removed during the loop
+    (with another added, so the size stayed) was still yielded."""
+    cs = manager.set("swap")
+    cs.update(range(6))
+    seen = []
+    for e in cs:
+        seen.append(e)
+        if len(seen) == 1:
+            victim = next(x for x in range(6) if x != e)
+            cs.remove(victim)
+            cs.add(100)
+    assert victim not in seen and len(seen) <= 6
