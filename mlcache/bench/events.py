@@ -22,8 +22,9 @@ reject. The benchmark runs the same application, in one process and one run, wit
 
 and prints each variant's time and slowdown against the baseline (the faster of plain nodes and
 packed nodes in a dict), the events found, and the planted bursts matched. Times are the best
-of interleaved repeats; the slowdown is on CPU seconds (this process plus the Redis server),
-with the wall-clock slowdown beside it. A last pass measures, with ``tracemalloc``, the memory
+of five interleaved repeats (every other round in reverse order); the slowdown is on CPU
+seconds (this process plus the Redis server), with the wall-clock slowdown beside it; each
+round's own ratio is noted too, to show the spread. A last pass measures, with ``tracemalloc``, the memory
 the heap holds after every interval against its byte budget.
 """
 from __future__ import annotations
@@ -283,7 +284,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--policy", default="lru", help="heap policy of the bounded variants")
     parser.add_argument("--repeat", type=int, help="timed runs per variant, best kept "
-                                                   "(default 3, quick 2)")
+                                                   "(default 5, quick 2)")
 
 
 def _detect(stream: list[list[tuple]], new_tree: Callable[[int], Any], history: int,
@@ -319,7 +320,7 @@ def run(args: argparse.Namespace) -> BenchReport:
     quick = bool(getattr(args, "quick", False))
     intervals = args.intervals or (16 if quick else 40)
     posts = args.posts or (2500 if quick else 8000)
-    repeat = args.repeat or (2 if quick else 3)
+    repeat = args.repeat or (2 if quick else 5)
     history = 6
     stream, planted, decoys = synthetic_stream(intervals, posts, 3 if quick else 6,
                                                2 if quick else 4, history=history, seed=args.seed)
@@ -380,16 +381,21 @@ def run(args: argparse.Namespace) -> BenchReport:
               for pct in (30, 20, 10)],
             ("redis only", lambda: mlcache_run(None)),
         ]
-        # best (smallest) wall and CPU time per variant over interleaved repeats
+        # best (smallest) wall and CPU time per variant over interleaved repeats; every
+        # other round runs the variants in reverse order, so that no variant always follows
+        # the same one (the garbage, the caches and the Redis work a run leaves behind)
         wall: dict[str, float] = {}
         cpu: dict[str, float] = {}
+        rounds: list[dict[str, float]] = []
         runs: dict[str, tuple] = {}
         all_identical = True
-        for _ in range(repeat):
-            for name, fn in variants:
+        for r in range(repeat):
+            rounds.append({})
+            for name, fn in (variants if r % 2 == 0 else variants[::-1]):
                 w, c, ev, st = fn()
                 wall[name] = min(w, wall.get(name, w))
                 cpu[name] = min(c, cpu.get(name, c))
+                rounds[-1][name] = c
                 if name in runs and runs[name][0] != ev:
                     all_identical = False
                 runs[name] = (ev, st)
@@ -398,6 +404,12 @@ def run(args: argparse.Namespace) -> BenchReport:
                         key=lambda n: cpu[n])
         base_events = runs[base_name][0]
         report.note(f"baseline (slowdown 1.0): {base_name}")
+        # the spread: each round's own CPU ratio (against the same round's baseline run)
+        for pct in (30, 10):
+            name = f"mlcache heap={pct}% -> redis"
+            per_round = ", ".join(f"{rd[name] / rd[base_name]:.2f}" for rd in rounds)
+            report.note(f"heap={pct}%: CPU slowdown of each round against its own baseline "
+                        f"run: {per_round}")
         identical = all_identical and all(ev == base_events for ev, _ in runs.values())
         for name, (ev, st) in runs.items():
             hr = st["levels"]["heap"].get("hit_ratio") if st else None
