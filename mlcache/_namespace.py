@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from ._keyview import KeyView
-from ._readpath import MISSING, found_by_key
+from ._readpath import MISSING, event_time, found_by_key
 from .config import CacheConfig
 from .keys import namespace_prefix
 
@@ -40,6 +40,8 @@ class Namespace(KeyView):
         return self.get(key, MISSING) is not MISSING
 
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
+        if ts is not None:
+            ts = event_time(ts)
         keys = list(keys)
         kbs = self._kbs(keys)
         return found_by_key(keys, kbs, self.manager._load_into_heap(kbs, ts))

@@ -7,6 +7,7 @@ key written or deleted while it was being read keeps that newer state.
 """
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from typing import Any, Iterable, Iterator
@@ -165,6 +166,23 @@ class _Load:
         event = self._done
         if event is not None:
             event.set()
+
+
+def event_time(ts: Any) -> float:
+    """``ts`` as an event time (a float), or a clear error naming it.
+
+    Checked where the caller passes it, before any state changes: a ``ts`` that is not a real
+    number would otherwise fail later inside the policy (on a put, after the value is already in
+    the heap but not in the policy, which then never evicts it), and a NaN orders nowhere, so
+    TAC would never evict its entry. Infinite times are allowed (``inf``: needed last).
+    """
+    if isinstance(ts, bool) or not isinstance(ts, numbers.Real):
+        raise TypeError(f"ts must be a real number (an event time), got {type(ts).__name__} "
+                        f"{ts!r}")
+    t = float(ts)
+    if t != t:
+        raise ValueError("ts must not be NaN")
+    return t
 
 
 class ReadPath:

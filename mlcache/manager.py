@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ._keyview import KeyView
 from ._namespace import Namespace
 from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as _digest,
-                        found_by_key, same_bytes)
+                        event_time, found_by_key, same_bytes)
 from .codec import Codec
 from .config import CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
@@ -39,6 +39,7 @@ __all__ = ["CacheManager", "Namespace", "register_structure"]
 _MISSING = MISSING
 _IMMUTABLE = IMMUTABLE
 _SIMPLE_KEYS = frozenset((str, int, bytes))
+
 _READ_BATCH = 64
 # Bytes charged per resident entry beside its value, as allocated (the allocator's rounding
 # included): the canonical key's object (its bytes, twice, are charged by the heap), slots in
@@ -233,12 +234,16 @@ class CacheManager(ReadPath, KeyView):
                     with self._lock:
                         self._apply_reads()
             else:
+                if type(ts) is not float or ts != ts:
+                    ts = event_time(ts)
                 timed = self._reads_ts
                 timed.append((kb, ts))
                 if len(timed) >= 64:
                     with self._lock:
                         self._apply_reads()
             return value
+        if ts is not None:
+            ts = event_time(ts)
         if self._prefetcher is not None:
             self._prefetcher.note_get(kb, ts)  # a use while its prefetch is queued: late
         return self._load_into_heap((kb,), ts).get(kb, default)
@@ -253,12 +258,16 @@ class CacheManager(ReadPath, KeyView):
                     with self._lock:
                         self._apply_reads()
             else:
+                if type(ts) is not float or ts != ts:
+                    ts = event_time(ts)
                 timed = self._reads_ts
                 timed.append((kb, ts))
                 if len(timed) >= 64:
                     with self._lock:
                         self._apply_reads()
             return value
+        if ts is not None:
+            ts = event_time(ts)
         if self._prefetcher is not None:
             self._prefetcher.note_get(kb, ts)  # a use while its prefetch is queued: late
         return self._load_into_heap((kb,), ts).get(kb, default)
@@ -334,6 +343,8 @@ class CacheManager(ReadPath, KeyView):
         return self.get(key, _MISSING) is not _MISSING
 
     def get_many(self, keys: Iterable[Any], *, ts: float | None = None) -> dict:
+        if ts is not None:
+            ts = event_time(ts)
         keys = list(keys)
         kbs = self._kbs(keys)
         return found_by_key(keys, kbs, self._load_into_heap(kbs, ts))
@@ -405,6 +416,8 @@ class CacheManager(ReadPath, KeyView):
 
     def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None,
                    weights: list[int] | None = None) -> None:
+        if ts is not None:
+            ts = event_time(ts)
         # ``weights``: per item, the value's memory in bytes as the caller maintains it (the
         # quadtree's live nodes), so the heap does not walk the value to weigh it.
         # Check encodability once per value type (cheap amortised), so a SerializationError
@@ -751,6 +764,7 @@ class CacheManager(ReadPath, KeyView):
         self._hint_kb(self._kb(key), ts)
 
     def _hint_kb(self, kb: bytes, ts: float) -> None:
+        ts = event_time(ts)
         heap = self._heap
         if heap is not None:
             with self._lock:
