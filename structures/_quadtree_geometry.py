@@ -52,8 +52,9 @@ _getsizeof = sys.getsizeof
 # A leaf whose points all have float coordinates and a float time (none NaN) keeps them
 # *packed*: ``[coords, data, data, ...]``, ``coords`` one ``bytes`` of the doubles x, y, ts per
 # point (see ``_recs``), little-endian IEEE 754 whatever the machine, so that a page written
-# to a durable level on one machine reads the same on another. Per point: a slot of the list with growth slack (9) and 24 bytes of
-# doubles; per leaf: a slot for ``coords`` and the bytes object's header and rounding (33 + 23).
+# to a durable level on one machine reads the same on another. Per point: a slot of the list
+# with growth slack (9) and 24 bytes of doubles; per leaf: a slot for ``coords`` and the bytes
+# object's header and rounding (33 + 23).
 PACKED_HEAD = 9 + 56
 PACKED_POINT = 9 + 24
 _FLOAT_ONLY = {float}

@@ -24,8 +24,8 @@ and prints each variant's time and slowdown against the baseline (the faster of 
 packed nodes in a dict), the events found, and the planted bursts matched. Times are the best
 of five interleaved repeats (every other round in reverse order); the slowdown is on CPU
 seconds (this process plus the Redis server), with the wall-clock slowdown beside it; each
-round's own ratio is noted too, to show the spread. A last pass measures, with ``tracemalloc``, the memory
-the heap holds after every interval against its byte budget.
+round's own ratio is noted too, to show the spread. A last pass measures, with
+``tracemalloc``, the memory the heap holds after every interval against its byte budget.
 """
 from __future__ import annotations
 
