@@ -32,7 +32,6 @@ References: Cormode & Muthukrishnan, "An improved data stream summary: the count
 """
 from __future__ import annotations
 
-import ctypes
 import random
 import struct
 from itertools import repeat
@@ -85,65 +84,6 @@ def _tuple_hash_matches() -> bool:
 
 
 _NP_TUPLE_HASH = _tuple_hash_matches()
-
-
-# The keys' hashes, read from the dict itself. A dict stores every key's hash beside the key
-# (CPython's PyDictKeyEntry: hash, key, value, 24 bytes, in insertion order after the index
-# table), and a drain needs exactly those: calling ``hash`` on each key instead, through
-# ``map`` and ``np.fromiter``, was ~60 % of a drain's time (each call returns a new int object:
-# ~230 us of a ~380 us drain of ~3,700 int keys; these ~24 lines read them in ~4 us). Only for
-# the layout of CPython 3.11-3.13 (default builds), only for a plain dict with a general-kind
-# table (a dict whose keys are all ``str`` keeps no hashes: the hashes are in the strings), and
-# only if the self-check below reproduces ``hash`` on a set of dicts; else ``None`` and the
-# caller hashes the keys one by one.
-_PTR = ctypes.c_ssize_t
-
-
-def _stored_hashes(d: dict) -> np.ndarray | None:
-    """``[hash(k) for k in d]`` as int64, read from ``d``'s entries (``None``: not readable)."""
-    if type(d) is not dict:
-        return None
-    addr = id(d)
-    if _PTR.from_address(addr + 40).value:  # ma_values: a split (instance) dict
-        return None
-    keys = _PTR.from_address(addr + 32).value  # ma_keys -> PyDictKeysObject
-    head = (ctypes.c_uint8 * 11).from_address(keys)
-    if head[10] != 0:  # dk_kind: 0 is DICT_KEYS_GENERAL (hashes stored)
-        return None
-    nentries = _PTR.from_address(keys + 24).value
-    start = keys + 32 + (1 << head[9])  # dk_indices, then (1 << dk_log2_index_bytes) bytes
-    raw = memoryview((ctypes.c_char * (24 * nentries)).from_address(start))
-    entries = np.frombuffer(raw, np.int64).reshape(nentries, 3)
-    if nentries == len(d):
-        return entries[:, 0].copy()
-    return entries[entries[:, 2] != 0, 0]  # deleted entries have no value: skip them
-
-
-def _stored_hashes_match() -> bool:
-    import sys
-
-    # (a free-threaded or debug build's object header is larger than 16 bytes: not this layout)
-    if (sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 13)
-            or ctypes.sizeof(_PTR) != 8 or sys.getsizeof(object()) != 16):
-        return False
-    samples: list[dict] = [
-        {k: 1 for k in range(300)}, {-1: 1, 2**61: 2, -(2**63): 3, 3.5: 4, None: 5},
-        {("t", 1): 1, "s": 2, b"b": 3, 7: 4}, dict.fromkeys(range(10**6, 10**6 + 50))]
-    gappy = {k: k for k in range(100)}
-    for k in range(0, 100, 3):
-        del gappy[k]
-    samples.append(gappy)
-    try:
-        for d in samples:
-            h = _stored_hashes(d)
-            if h is None or h.tolist() != [hash(k) for k in d]:
-                return False
-        return _stored_hashes({"only": 1, "str": 2}) is None
-    except (ValueError, TypeError, OverflowError):  # pragma: no cover - an unexpected layout
-        return False
-
-
-_DICT_HASHES = _stored_hashes_match()
 
 
 def _pow2_at_least(n: int) -> int:
@@ -258,19 +198,15 @@ class FrequencySketch:
     def increment_counts(self, counts: dict[Hashable, int]) -> None:
         """Count ``counts[x]`` more uses of each key ``x``, saturating at 15.
 
-        The buffered form callers use (a dict of exact pending counts): the keys' hashes are
-        read from the dict's own entries (:func:`_stored_hashes`; else ``hash`` per key into
-        ``np.fromiter``) and mixed in numpy, the counts go through ``struct``: no intermediate
-        lists (building numpy arrays from Python lists was most of a drain's cost).
+        The buffered form callers use (a dict of exact pending counts): the keys' hashes go
+        through ``np.fromiter`` and are mixed in numpy, the counts go through ``struct``: no
+        intermediate lists (building numpy arrays from Python lists was most of a drain's cost).
         """
         n = len(counts)
         if not n:
             return
         if _NP_TUPLE_HASH:  # the same mixed hashes, vectorised (2x faster than tuples)
-            h = _stored_hashes(counts) if _DICT_HASHES else None
-            if h is None:
-                h = np.fromiter(map(hash, counts), np.int64, n)
-            mixed = _tuple_hash2(h, self._seed)
+            mixed = _tuple_hash2(np.fromiter(map(hash, counts), np.int64, n), self._seed)
         else:
             mixed = np.fromiter(map(hash, zip(counts, repeat(self._seed))), np.int64, n)
         # The counts (small ints, shared objects) through struct: ~80 fewer machine
