@@ -20,16 +20,23 @@ instance was the obvious alternative but would force the pickle fallback on ever
 """
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
+
+from mlcache.levels.heap import _SAMPLE, _alloc, estimate_size
 
 __all__ = ["Cacheable", "StructureRef", "META_NAMESPACE", "open_structure", "list_structures"]
 
 META_NAMESPACE = "mlcache.structures"
 _REF_TAG = "\x00mlcache.structure"
 _MISSING: Any = object()
+_LIST_SPLIT = sys.getsizeof([])
+_INT_WEIGHT = estimate_size(1 << 20)   # any int past the small ones and under 2 ** 30
+_ONE_DIGIT = 1 << 30
 
 S = TypeVar("S", bound="Cacheable")
 
@@ -98,10 +105,16 @@ class Cacheable:
     # False for a structure that makes its contents' byte keys itself (the quadtree): its
     # namespace then keeps no key memo, which would only take a share of the heap budget.
     _memo_keys: ClassVar[bool] = True
+    # The int fields of the metadata that change as the structure does (its length, a list's
+    # head): with them named, the metadata goes to the heap with a weight worked out from them
+    # and the rest, weighed once (the other fields are fixed for the structure's life), rather
+    # than by the heap's walk over the whole dict on every write.
+    _meta_counts: ClassVar[tuple[str, ...]] = ()
     # ``_ver`` counts changes made through this object (live objects are one per structure and
     # manager), so an iterator can tell that the structure changed under it, as list's and
     # dict's iterators do.
-    __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "_ver", "__weakref__")
+    __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "_ver", "_put_weighed",
+                 "_meta_w", "__weakref__")
     # the slots' types, for mypy (annotations only: the slots are the storage)
     _manager: Any
     _name: str
@@ -109,6 +122,10 @@ class Cacheable:
     _metans: Any
     _meta: dict[str, Any]
     _ver: int
+    # the manager's ``_put_items`` when entries go to a heap bounded in bytes with weights
+    # worked out here, else None (see :func:`weighed_puts`)
+    _put_weighed: Callable[..., None] | None
+    _meta_w: tuple[dict[str, Any], int, int] | None   # (the metadata, its size, fixed part)
 
     def __init__(self, manager: Any, name: str | None = None, **options: Any) -> None:
         raise TypeError(f"open a {type(self).__name__} with manager.{self.kind}(name) or "
@@ -142,10 +159,12 @@ class Cacheable:
             obj._name = name
             obj._metans = metans
             obj._ver = 0
+            obj._meta_w = None
             obj._attach()
             ns_name = f"{cls.kind}:{name}"
             obj._ns = (manager.namespace(ns_name) if cls._memo_keys
                        else manager.namespace(ns_name, memo=False))
+            obj._put_weighed = weighed_puts(manager, metans, obj._ns)
             if meta is None:
                 meta = obj._new_meta(**options)
                 meta["kind"] = cls.kind
@@ -187,7 +206,22 @@ class Cacheable:
             raise TypeError(f"{self._name!r} is a {meta.get('kind')}, not a {self.kind}")
 
     def _save_meta(self) -> None:
-        self._metans.put((self.kind, self._name), self._meta)
+        counts = self._meta_counts
+        put_items = self._put_weighed
+        meta = self._meta
+        if not counts or put_items is None or len(meta) > _SAMPLE:
+            # (the heap samples a dict bigger than _SAMPLE: its weight is no sum of parts)
+            self._metans.put((self.kind, self._name), meta)
+            return
+        w = self._meta_w
+        if w is None or w[0] is not meta or w[1] != len(meta):
+            fixed = estimate_size(meta) - sum(int_weight(meta[k]) for k in counts)
+            w = self._meta_w = (meta, len(meta), fixed)
+        weight = w[2]
+        for k in counts:
+            weight += int_weight(meta[k])
+        key = (self.kind, self._name)
+        put_items([(key, self._metans._kb(key), meta)], None, [weight])
 
     def _add_len(self, delta: int) -> None:
         if delta:
@@ -256,6 +290,38 @@ class Cacheable:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._name!r} len={self._meta.get('len', 0)}>"
+
+
+def int_weight(v: int) -> int:
+    """The heap's estimate of an int (:func:`estimate_size`), short-cut for the common ones."""
+    if -5 <= v <= 256:
+        return 0
+    if -_ONE_DIGIT < v < _ONE_DIGIT:
+        return _INT_WEIGHT
+    return estimate_size(v)
+
+
+def list_shell(value: list[Any]) -> int:
+    """The heap's estimate of a list without its items: its object and its item array, each
+    rounded as the allocator rounds it (as :func:`estimate_size` counts them)."""
+    size = sys.getsizeof(value)
+    if size > _LIST_SPLIT:
+        return _alloc(_LIST_SPLIT) + _alloc(size - _LIST_SPLIT)
+    return _alloc(size)
+
+
+def weighed_puts(manager: Any, *namespaces: Any) -> Callable[..., None] | None:
+    """``manager._put_items``, which takes the entries' weights from the caller, when the
+    heap is bounded in bytes and every one of ``namespaces`` has the manager's key maker;
+    else None: a Spark partition scope has no such path, and a heap bounded by entry count
+    (or no heap) weighs every entry without a walk anyway."""
+    put_items = getattr(manager, "_put_items", None)
+    heap = getattr(manager, "_heap", None)
+    if put_items is None or heap is None or not getattr(heap, "by_bytes", False):
+        return None
+    if not all(callable(getattr(ns, "_kb", None)) for ns in namespaces):
+        return None
+    return put_items
 
 
 def get_many(ns: Any, keys: list[Any]) -> dict[Any, Any]:

@@ -22,7 +22,9 @@ import sys
 from collections.abc import Iterable, Iterator, MutableSequence
 from typing import Any, SupportsIndex
 
-from .base import Cacheable
+from mlcache.levels.heap import _SAMPLE, estimate_size
+
+from .base import Cacheable, list_shell
 
 __all__ = ["CacheableList", "DEFAULT_CHUNK_SIZE"]
 
@@ -44,7 +46,19 @@ class CacheableList(Cacheable, MutableSequence):
     """A list whose chunks live in the cache levels. Open with ``manager.list(name)``."""
 
     kind = "list"
-    __slots__ = ()
+    _meta_counts = ("len", "head")
+    # The last chunk this object wrote with a weight of its own: (chunk id, the chunk, ``_ver``
+    # after the write, how many leading slots were weighed, their estimates' sum). While no
+    # other change came through this object, an append or extend onto that chunk leaves those
+    # slots as they were, so the chunk's weight is its shell plus that sum scaled, as the
+    # heap's sampling walk (the first ``_SAMPLE`` slots) would give, without walking them.
+    # The chunk is held so that ``is`` tells it from a copy read back after an eviction (one
+    # chunk per list kept alive past its eviction, until the next weighed write).
+    __slots__ = ("_chunk_w",)
+    _chunk_w: tuple[int, list[Any], int, int, int] | None
+
+    def _attach(self) -> None:
+        self._chunk_w = None
 
     def _new_meta(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, Any]:  # type: ignore[override]
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -69,6 +83,39 @@ class CacheableList(Cacheable, MutableSequence):
         if n == 0:
             return range(0)
         return range(head // c, (head + n - 1) // c + 1)
+
+    def _put_tail(self, cid: int, old: Any, chunk: list[Any], same: int, ver: int,
+                  others: list[tuple[int, list[Any]]] | None = None) -> None:
+        """Write chunk ``cid``, now ``chunk``, whose first ``same`` slots are those of ``old``
+        (the object read, ``ver`` the ``_ver`` before this change), and the chunks ``others``
+        before it, with weights: ``chunk``'s from the last weighed chunk when it is ``old``,
+        the others' weighed here as the heap would. Without the manager's weighed path (an
+        entry-bounded heap, a Spark partition scope), a plain ``put``/``put_many``."""
+        put_items = self._put_weighed
+        if put_items is None:
+            self._chunk_w = None
+            if others:
+                self._ns.put_many([*others, (cid, chunk)])
+            else:
+                self._ns.put(cid, chunk)
+            return
+        n = len(chunk)
+        k = n if n < _SAMPLE else _SAMPLE
+        w = self._chunk_w
+        if (w is not None and w[1] is old and w[0] == cid and w[2] == ver and same >= w[3]):
+            done, total = w[3], w[4]
+        else:
+            done, total = 0, 0
+        for v in chunk[done:k]:
+            total += estimate_size(v, 1)
+        self._chunk_w = (cid, chunk, self._ver, k, total)
+        weight = list_shell(chunk) + total * n // k
+        kb = self._ns._kb
+        if others:
+            put_items([(c, kb(c), v) for c, v in others] + [(cid, kb(cid), chunk)], None,
+                      [estimate_size(v) for _, v in others] + [weight])
+        else:
+            put_items([(cid, kb(cid), chunk)], None, [weight])
 
     def _read(self, start: int, stop: int) -> list[Any]:
         """Elements ``start <= i < stop`` (already normalised, start <= stop)."""
@@ -112,7 +159,11 @@ class CacheableList(Cacheable, MutableSequence):
                     chunk.extend([None] * (lo - len(chunk)))
                 chunk[lo:hi] = part
             out.append((cid, chunk))
-        self._ns.put_many(out)
+        # the last chunk unchanged before ``p0`` (the tail an extend grows, weighed from the
+        # last write of it); ``ver`` is ``_ver`` before this write
+        cid, chunk = out.pop()
+        same = p0 - cid * c if first == last else 0
+        self._put_tail(cid, found.get(cid), chunk, max(0, same), self._ver - 1, out)
 
     def _truncate(self, n: int) -> None:
         """Keep the first ``n`` elements; drop the rest and the chunks they leave empty."""
@@ -313,7 +364,8 @@ class CacheableList(Cacheable, MutableSequence):
             chunk = [None] * off if off else []
         chunk.append(self._store(value))
         self._ver += 1
-        self._ns.put(cid, chunk)
+        # grown in place: the slots before the new one are those of the chunk as read
+        self._put_tail(cid, chunk, chunk, len(chunk) - 1, self._ver - 1)
         self._add_len(1)
 
     def extend(self, values: Iterable[Any]) -> None:

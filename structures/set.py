@@ -38,6 +38,7 @@ class CacheableSet(Cacheable, MutableSet):
     """A set whose elements live in the cache levels. Open with ``manager.set(name)``."""
 
     kind = "set"
+    _meta_counts = ("len",)   # the metadata is weighed from its length (see Cacheable)
     __slots__ = ()
 
     @classmethod
