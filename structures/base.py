@@ -325,8 +325,8 @@ def weighed_puts(manager: Any, *namespaces: Any) -> Callable[..., None] | None:
 
 
 def get_many(ns: Any, keys: list[Any]) -> dict[Any, Any]:
-    """``ns.get_many(keys)``, or one ``get`` per key for a namespace-like view without it (the
-    Spark integration's partition views have only get/put/delete/contains/keys)."""
+    """``ns.get_many(keys)``, or one ``get`` per key for a namespace-like object without it
+    (the Spark integration's partition views have it, with the single-key calls' semantics)."""
     if hasattr(ns, "get_many"):
         return ns.get_many(keys)
     out = {}

@@ -26,9 +26,16 @@ namespaces on every read.
 
 Replays are only exact for deterministic partition functions over replayable sources, which is
 Spark's own condition for exactly-once output.
+
+Both views have ``get_many``/``put_many``/``delete_many`` (what a structure's batched operations
+call: a dict's ``update``, ``copy``, ``==``, ``clear``), each one batched read or write of the
+namespace with exactly the effects of the single-key calls made in order: the same pre-batch
+snapshots, the same records, the same written keys, and on a ``ReplayError`` the keys before
+the failing one written as the loop of ``put`` calls would have written them.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
 from mlcache.errors import CacheError
@@ -92,6 +99,21 @@ class PlainView:
         self.ns.delete(key)
         self._written[key] = None
 
+    def get_many(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
+        return self.ns.get_many(list(keys))
+
+    def put_many(self, items: Mapping[Hashable, Any] | Iterable[tuple[Hashable, Any]]) -> None:
+        pairs = list(items.items() if isinstance(items, Mapping) else items)
+        self.ns.put_many(pairs)
+        for key, _ in pairs:
+            self._written[key] = None
+
+    def delete_many(self, keys: Iterable[Hashable]) -> None:
+        keys = list(keys)
+        self.ns.delete_many(keys)
+        for key in keys:
+            self._written[key] = None
+
     def contains(self, key: Hashable) -> bool:
         return self.ns.contains(key)
 
@@ -121,7 +143,11 @@ class BatchView:
         self._codec = ns.manager._codec
 
     def _read(self, key: Hashable) -> tuple[bool, Any]:
-        rec = self.ns.get(key, _MISSING)
+        return self._seen(key, self.ns.get(key, _MISSING))
+
+    def _seen(self, key: Hashable, rec: Any) -> tuple[bool, Any]:
+        """What this attempt sees of ``key`` stored as ``rec`` (``_MISSING`` when absent),
+        noting its pre-batch snapshot on the first touch."""
         if rec is _MISSING or rec is None:
             present, value = False, None
             if key not in self._before:
@@ -163,6 +189,44 @@ class BatchView:
 
     def delete(self, key: Hashable) -> None:
         self._write(key, False, None)
+
+    def get_many(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
+        """``{key: get(key)}`` for the keys present, as ``get`` per key in order would see and
+        note them, with one batched read of the namespace."""
+        keys = list(keys)
+        recs = self.ns.get_many(keys) if keys else {}
+        out = {}
+        for key in keys:
+            present, value = self._seen(key, recs.get(key, _MISSING))
+            if present:
+                out[key] = value
+        return out
+
+    def put_many(self, items: Mapping[Hashable, Any] | Iterable[tuple[Hashable, Any]]) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        self._write_many([(key, True, value) for key, value in pairs])
+
+    def delete_many(self, keys: Iterable[Hashable]) -> None:
+        self._write_many([(key, False, None) for key in keys])
+
+    def _write_many(self, changes: list[tuple[Hashable, bool, Any]]) -> None:
+        """``_write`` per change in order, with one batched read of the keys not touched yet
+        in this attempt (each is read before its first write, as ``_write`` reads it) and one
+        batched write. A ``ReplayError`` on a key leaves the changes before it written."""
+        fresh = list(dict.fromkeys(key for key, _, _ in changes if key not in self._before))
+        recs = self.ns.get_many(fresh) if fresh else {}
+        out = []
+        try:
+            for key, present, value in changes:
+                if key not in self._before:
+                    self._seen(key, recs.get(key, _MISSING))
+                out.append((key, [MARK, self.batch, self.attempt, int(present), value,
+                                  self._before[key]]))
+        finally:
+            if out:
+                self.ns.put_many(out)
+                for key, _ in out:
+                    self._written[key] = None
 
     def keys(self) -> Iterator[Hashable]:
         for key in list(self.ns.keys()):
