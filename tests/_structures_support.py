@@ -10,6 +10,7 @@ import tempfile
 import uuid
 from typing import Any, Callable
 
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
@@ -27,6 +28,20 @@ def tiny_config(kind: str, path: str, redis_url: str | None) -> CacheConfig:
         assert redis_url
         levels = (RedisConfig(url=redis_url), DiskConfig(path=path))
     return CacheConfig(heap=heap, levels=levels, namespace="t" + uuid.uuid4().hex[:10])
+
+
+@pytest.fixture(params=LEVELS)
+def manager(request):
+    """A manager over a 4-entry heap on each of LEVELS (a test module imports this fixture);
+    ``test_config`` is the config it was made with, to reopen it."""
+    redis_url = request.getfixturevalue("redis_url") if request.param == "redis-disk" else None
+    path = tempfile.mkdtemp(prefix="mlcache-structures-")
+    config = tiny_config(request.param, path, redis_url)
+    m = CacheManager(config)
+    m.test_config = config  # type: ignore[attr-defined]
+    yield m
+    m.close()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:

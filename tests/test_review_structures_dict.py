@@ -8,8 +8,6 @@ order through random writes, deletions, flush, checkpoint and close+reopen.
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections import OrderedDict, UserDict
 from types import MappingProxyType
 
@@ -19,22 +17,12 @@ from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from mlcache import CacheManager
 
-from _structures_support import (LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, outcome,
-                                 tiny_config)
+from _structures_support import (LEVELS, MACHINE_SETTINGS, ManagerMachine, machine_for, outcome)
+from _structures_support import manager  # noqa: F401  (the fixture)
 
 BASE = {"a": 1, 2: "b", (1, "x"): [3], b"k": None, 5: 5}
 
 
-@pytest.fixture(params=LEVELS)
-def manager(request):
-    redis_url = request.getfixturevalue("redis_url") if request.param == "redis-disk" else None
-    path = tempfile.mkdtemp(prefix="mlcache-review-dict-")
-    config = tiny_config(request.param, path, redis_url)
-    m = CacheManager(config)
-    m.test_config = config  # type: ignore[attr-defined]
-    yield m
-    m.close()
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Pair:

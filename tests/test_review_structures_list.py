@@ -9,27 +9,18 @@ from __future__ import annotations
 
 import itertools
 import operator
-import shutil
-import tempfile
 
 import pytest
 
 from mlcache import CacheManager
 from mlcache.structures import CacheableList
 
-from _structures_support import LEVELS, outcome, tiny_config
+from _structures_support import outcome
+from _structures_support import manager  # noqa: F401  (the fixture)
 
 VALUES = list(range(8))
 
 
-@pytest.fixture(params=LEVELS)
-def manager(request):
-    redis_url = request.getfixturevalue("redis_url") if request.param == "redis-disk" else None
-    path = tempfile.mkdtemp(prefix="mlcache-review-list-")
-    m = CacheManager(tiny_config(request.param, path, redis_url))
-    yield m
-    m.close()
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Pair:

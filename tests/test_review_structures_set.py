@@ -7,14 +7,13 @@ type's own name may differ) and the elements after.
 from __future__ import annotations
 
 import operator
-import shutil
-import tempfile
 
 import pytest
 
 from mlcache import CacheManager
 
-from _structures_support import LEVELS, outcome, tiny_config
+from _structures_support import outcome
+from _structures_support import manager  # noqa: F401  (the fixture)
 
 BASE = {1, 2, 3, "a", (1, 2)}
 SETS = [set(), {1, 9}, frozenset({2, "a", 7}), BASE, {1}]
@@ -26,14 +25,6 @@ METHODS = ["isdisjoint", "issubset", "issuperset", "union", "intersection", "dif
            "symmetric_difference_update"]
 
 
-@pytest.fixture(params=LEVELS)
-def manager(request):
-    redis_url = request.getfixturevalue("redis_url") if request.param == "redis-disk" else None
-    path = tempfile.mkdtemp(prefix="mlcache-review-set-")
-    m = CacheManager(tiny_config(request.param, path, redis_url))
-    yield m
-    m.close()
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Pair:
