@@ -324,35 +324,6 @@ def weighed_puts(manager: Any, *namespaces: Any) -> Callable[..., None] | None:
     return put_items
 
 
-def get_many(ns: Any, keys: list[Any]) -> dict[Any, Any]:
-    """``ns.get_many(keys)``, or one ``get`` per key for a namespace-like object without it
-    (the Spark integration's partition views have it, with the single-key calls' semantics)."""
-    if hasattr(ns, "get_many"):
-        return ns.get_many(keys)
-    out = {}
-    for k in keys:
-        v = ns.get(k, _MISSING)
-        if v is not _MISSING:
-            out[k] = v
-    return out
-
-
-def put_many(ns: Any, items: list[tuple[Any, Any]]) -> None:
-    if hasattr(ns, "put_many"):
-        ns.put_many(items)
-    else:
-        for k, v in items:
-            ns.put(k, v)
-
-
-def delete_many(ns: Any, keys: list[Any]) -> None:
-    if hasattr(ns, "delete_many"):
-        ns.delete_many(keys)
-    else:
-        for k in keys:
-            ns.delete(k)
-
-
 def list_structures(manager: Any) -> list[tuple[str, str]]:
     """The ``(kind, name)`` of every structure that has metadata in ``manager``."""
     return sorted(manager.namespace(META_NAMESPACE).keys())

@@ -44,7 +44,7 @@ from typing import Any
 
 from mlcache.levels.heap import estimate_size
 
-from .base import _MISSING, Cacheable, delete_many, get_many, put_many
+from .base import _MISSING, Cacheable
 
 __all__ = ["CacheableDict"]
 
@@ -186,7 +186,7 @@ class CacheableDict(Cacheable, MutableMapping):
         put_items = getattr(self._manager, "_put_items", None)
         kb = getattr(self._ons, "_kb", None)
         if put_items is None or kb is None:
-            put_many(self._ons, writes)
+            self._ons.put_many(writes)
             return
         put_items([(cid, kb(cid), chunk) for cid, chunk in writes], None,
                   [sys.getsizeof(chunk) + len(chunk) * estimate_size(chunk[-1])
@@ -198,7 +198,7 @@ class CacheableDict(Cacheable, MutableMapping):
         ids = self._chunk_ids()
         for b0 in range(0, len(ids), _LOG_BATCH):
             batch = list(ids[b0:b0 + _LOG_BATCH])
-            found = get_many(self._ons, batch)
+            found = self._ons.get_many(batch)
             for cid in batch:
                 out.extend(found.get(cid, ()))
         out.extend(self._meta["tail"])
@@ -226,9 +226,9 @@ class CacheableDict(Cacheable, MutableMapping):
                for c in range((len(keys) + _LOG_CHUNK - 1) // _LOG_CHUNK)]
         dead = [c for c in old if c >= len(new)]
         if dead:
-            delete_many(self._ons, dead)
+            self._ons.delete_many(dead)
         if new:
-            put_many(self._ons, new)
+            self._ons.put_many(new)
         self._meta["tail"] = []
         self._meta["order"] = len(keys)
         self._meta["len"] = len(keys)
@@ -253,7 +253,7 @@ class CacheableDict(Cacheable, MutableMapping):
     def _drop_log(self) -> None:
         ids = list(self._chunk_ids())
         if ids:
-            delete_many(self._ons, ids)
+            self._ons.delete_many(ids)
         self._meta["order"], self._meta["tail"] = 0, []
 
     def _iter_keys(self, keys: list[Any]) -> Iterator[Any]:
@@ -414,8 +414,8 @@ class CacheableDict(Cacheable, MutableMapping):
         if not items:
             return
         keys = list(items)
-        present = get_many(self._ns, keys)
-        put_many(self._ns, [(k, self._store(v)) for k, v in items.items()])
+        present = self._ns.get_many(keys)
+        self._ns.put_many([(k, self._store(v)) for k, v in items.items()])
         new = [k for k in keys if k not in present]
         if new:
             self._added(new)
@@ -425,7 +425,7 @@ class CacheableDict(Cacheable, MutableMapping):
     def clear(self) -> None:
         keys = list(self._ns.keys())
         if keys:
-            delete_many(self._ns, keys)
+            self._ns.delete_many(keys)
         if self._meta["len"]:
             self._removed(self._meta["len"])
 
@@ -440,7 +440,7 @@ class CacheableDict(Cacheable, MutableMapping):
         out: dict[Any, Any] = {}
         for b0 in range(0, len(keys), _ITEM_BATCH):
             batch = keys[b0:b0 + _ITEM_BATCH]
-            found = get_many(self._ns, batch)
+            found = self._ns.get_many(batch)
             for k in batch:
                 if k in found:
                     out[k] = self._load(found[k])
@@ -467,7 +467,7 @@ class CacheableDict(Cacheable, MutableMapping):
             # the loop read again from where it is, so it sees the values a dict's loop sees.
             ver = self._ver
             batch = keys[i:i + _ITEM_BATCH]
-            found = get_many(self._ns, batch)
+            found = self._ns.get_many(batch)
             for k in batch:
                 if self._meta["len"] != n:
                     raise RuntimeError("dictionary changed size during iteration")

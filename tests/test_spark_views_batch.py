@@ -194,13 +194,17 @@ def replay_structures(m):
 
 
 class _SingleKeyBatchView(BatchView):
-    """A BatchView without the batched calls, as the views were: a dict then falls back to
-    one call per key (the helpers of structures.base)."""
+    """A BatchView whose batched calls make one single-key call per key, as a dict over the
+    views did before they had batched calls."""
 
-    def __getattribute__(self, name):
-        if name in ("get_many", "put_many", "delete_many"):
-            raise AttributeError(name)
-        return super().__getattribute__(name)
+    def get_many(self, keys):
+        return single(self, "get_many", list(keys))
+
+    def put_many(self, items):
+        single(self, "put_many", list(items.items() if isinstance(items, dict) else items))
+
+    def delete_many(self, keys):
+        single(self, "delete_many", list(keys))
 
 
 def test_structures_over_a_partition_scope_replay_exactly(manager):
