@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, Hashable
+from typing import Any, Hashable, cast
 
 import msgpack
 
@@ -130,7 +130,7 @@ class KeyView:
         get = memo.get
         kb_of = self._kb
         prefix = self._prefix
-        out = []
+        out: list[bytes] = []
         append = out.append
         for key in keys:
             t = type(key)
@@ -168,7 +168,7 @@ class KeyView:
         kbs = list(map(memo.get, keys))
         n = kbs.count(None)
         if not n:
-            return kbs
+            return cast("list[bytes]", kbs)
         cold = keys if n == len(keys) else [k for k, kb in zip(keys, kbs) if kb is None]
         # a packer per batch (its buffer is not shared between threads); tuples pack as
         # msgpack arrays, as ``_encode`` packs them

@@ -21,6 +21,7 @@ import ctypes
 import os
 import platform
 import threading
+from typing import Callable
 
 __all__ = ["note_size", "tuned_for"]
 
@@ -32,10 +33,10 @@ _M_MMAP_THRESHOLD = -3
 
 _lock = threading.Lock()
 _covered = 0                 # the largest value size the thresholds were raised for
-_mallopt = None
+_mallopt: Callable[[int, int], int] | None = None
 
 
-def _load() -> object:
+def _load() -> Callable[[int, int], int] | None:
     if os.environ.get("MLCACHE_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

@@ -73,7 +73,7 @@ def _default(obj: Any) -> Any:
     raise _Unsupported(t)
 
 
-def _unpack_inner(data: bytes) -> Any:
+def _unpack_inner(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False,
                            use_list=True)
 
@@ -280,7 +280,7 @@ class Codec:
                                     strict_map_key=False) for data in items]
             except Exception:
                 pass   # an empty or corrupt encoding: decoded one by one below, for its error
-        out = []
+        out: list[Any] = []
         append = out.append
         for data in items:
             # (an Encoded -- a write-back's pieces -- is not sliceable: decode() joins it)
@@ -307,7 +307,7 @@ class Codec:
         if head & SIGNED:
             if len(data) < 1 + _SIG_LEN:
                 raise IntegrityError("truncated value: signature incomplete")
-            payload = view[1 + _SIG_LEN:]
+            payload: bytes | memoryview = view[1 + _SIG_LEN:]
             if self.signing_key is not None:
                 mac = hmac.new(self.signing_key, data[:1], hashlib.sha256)
                 mac.update(payload)

@@ -229,10 +229,12 @@ def main(args: argparse.Namespace | None = None) -> int:
         spark_main = _spark_demo()
         if spark_main is not None:
             return int(spark_main(args) or 0)
-    size = dict(events=60_000, cards=20_000) if quick else dict(events=300_000, cards=75_000)
+    size: dict[str, int] = (dict(events=60_000, cards=20_000) if quick
+                            else dict(events=300_000, cards=75_000))
     where = "heap -> redis -> disk" if redis else "heap -> disk"
     print(f"mlcache demo: {size['events']:,} card transactions through {where}"
           f"{' (quick)' if quick else ''}", flush=True)
-    result = run_local(redis=redis, metrics_port=getattr(args, "metrics_port", None), **size)
+    result = run_local(redis=redis, metrics_port=getattr(args, "metrics_port", None),
+                       events=size["events"], cards=size["cards"])
     print(report(result), flush=True)
     return 0 if result.mismatches == 0 else 1

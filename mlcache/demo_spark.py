@@ -145,8 +145,8 @@ def levels_for(variant: str, disk_path: str, redis: str | None, prefix: str) -> 
 
 
 def _sum_stats(worker_stats: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    levels: dict[str, dict[str, float]] = {}
-    prefetch: dict[str, float] = {}
+    levels: dict[str, dict[str, Any]] = {}
+    prefetch: dict[str, Any] = {}
     spark: dict[str, float] = {}
     for st in worker_stats.values():
         for name, lv in (st.get("levels") or {}).items():
@@ -312,7 +312,9 @@ def main(args: argparse.Namespace | None = None) -> int:
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
     try:
         result = run_pipeline(spark, redis=redis,
-                              metrics_port=getattr(args, "metrics_port", None), **size)
+                              metrics_port=getattr(args, "metrics_port", None),
+                              events=size["events"], cards=size["cards"],
+                              batches=size["batches"])
     finally:
         spark.stop()
     print(report(result), flush=True)

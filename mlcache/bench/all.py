@@ -147,7 +147,7 @@ def _load_raw(src: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     raw = src / "raw"
     with open(raw / "_run.json") as fh:
         meta = json.load(fh)
-    reports = []
+    reports: list[dict[str, Any]] = []
     for name in [*ORDER, *sorted(p.stem for p in raw.glob("*.json"))]:
         path = raw / f"{name}.json"
         if path.exists() and not any(r["benchmark"] == name for r in reports) \

@@ -235,7 +235,7 @@ def _churn(variant: str, max_bytes: int, ops: int) -> dict[str, float]:
         a.may_evict = False          # a pure cache: victims are dropped, not copied out
         put, delete, index = a.put, a.delete, a._index
     else:
-        od: OrderedDict[bytes, bytes] = OrderedDict()
+        od: OrderedDict[bytes, Any] = OrderedDict()
         held = 0
     for n, (insert, key, off, size, pick) in enumerate(plan):
         if variant == "arena":
@@ -304,7 +304,7 @@ def _interleaved(phase: str, *params: int, reps: int) -> dict[str, dict[str, flo
 
 # -- levels: the Level API, one entry per call ---------------------------------------------------
 
-def _level_ops(level: Any, n: int, values: list[memoryview]) -> dict[str, float]:
+def _level_ops(level: Any, n: int, values: list[memoryview]) -> dict[str, list[float]]:
     """Per-op wall time of put/get/delete, one key per call, per batch of 50 ops.
 
     Every level gets the same keys and the same ``bytes`` values through the same calls

@@ -69,7 +69,7 @@ class Burst:
 
 def _words(rng: random.Random, n: int) -> list[str]:
     syll = ["ka", "lo", "mi", "ren", "ta", "vo", "shi", "pel", "dor", "quin", "ba", "zu"]
-    out = set()
+    out: set[str] = set()
     while len(out) < n:
         out.add("".join(rng.choice(syll) for _ in range(rng.randint(2, 3))))
     return sorted(out)

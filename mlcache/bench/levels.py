@@ -86,7 +86,7 @@ def bench_heap_hits(report: BenchReport, quick: bool) -> None:
     trace = zipf_trace(n_keys, 100_000 if quick else 400_000, 0.99, seed=1)
     value = {"count": 1, "total": 2.5}
 
-    lru = cachetools.LRUCache(maxsize=n_keys)
+    lru: cachetools.LRUCache[int, Any] = cachetools.LRUCache(maxsize=n_keys)
     for k in range(n_keys):
         lru[k] = value
 
@@ -166,7 +166,7 @@ def bench_batches(report: BenchReport, url: str, quick: bool) -> None:
     config = CacheConfig(heap=HeapConfig(max_entries=4 * n, max_bytes=None),
                          levels=(RedisConfig(url=url, prefix=prefix),), namespace="batches")
     codec = Codec()
-    client = redis.Redis.from_url(url)
+    client: Any = redis.Redis.from_url(url)
     with CacheManager(config) as m:
         level_prefix = m._levels[0].prefix
         full_keys = [level_prefix + m._kb(key) for key in values]
@@ -293,7 +293,7 @@ def bench_debs(report: BenchReport, url: str, quick: bool) -> None:
                   slowdown=1.0)
 
     # Raw transfer costs, measured on the same objects and the same server.
-    client = redis.Redis.from_url(url)
+    client: Any = redis.Redis.from_url(url)
     prefix = f"debs-{uuid.uuid4().hex[:8]}"
     raw_keys = [f"{prefix}-raw:{i}".encode() for i in range(n_objects)]
     encoded = [codec.encode(plain[i]) for i in range(n_objects)]

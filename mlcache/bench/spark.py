@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> BenchReport:
             print(f"-- {variant}", flush=True)
             redis = getattr(args, "redis", None) if variant == "redis-only" else None
             results[variant] = run_pipeline(spark, variant=variant, redis=redis,
-                                            workdir=workdir, **size)
+                                            workdir=workdir, events=size["events"],
+                                            cards=size["cards"], batches=size["batches"])
             _row(report, results[variant])
     finally:
         spark.stop()

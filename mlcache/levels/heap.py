@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Hashable, Iterator
+from typing import Any, Hashable, Iterator, cast
 
 from ..config import HeapConfig
 from ..errors import ConfigError
@@ -309,9 +309,10 @@ class HeapLevel:
         return lost, refused
 
     def _take(self, keys: list[Hashable]) -> list[tuple[bytes, Any, bool]]:
-        out = []
+        # the policy hands back the keys it was given: this level's byte keys
+        out: list[tuple[bytes, Any, bool]] = []
         data, dirty, weights = self.data, self.dirty, self.weights
-        for k in keys:
+        for k in cast("list[bytes]", keys):
             value = data.pop(k)
             self.tracked_weight -= weights.pop(k, 0)
             was_dirty = k in dirty

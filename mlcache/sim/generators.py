@@ -62,7 +62,7 @@ def hotspot(n_requests: int = 1_000_000, n_keys: int = 100_000, hot_fraction: fl
 
 def loop(length: int = 1000, n_requests: int = 100_000) -> Trace:
     keys = (np.arange(n_requests) % length).tolist()
-    return Trace(name=f"loop{length}", keys=keys, meta={"length": length})
+    return Trace(name=f"loop{length}", keys=list(keys), meta={"length": length})
 
 
 def scan(n_requests: int = 100_000, start: int = 0) -> Trace:
