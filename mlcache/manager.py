@@ -4,7 +4,8 @@ The data path (DESIGN §2): a read looks in the heap, then the eviction buffer, 
 fetch already in flight, then asks the byte levels in order with one ``get_many`` per level per
 batch; what it finds is decoded and inserted into the heap clean (the lower copy stays, so a
 clean eviction later costs nothing). A write replaces the heap entry and marks it dirty; dirty
-victims go down through :mod:`mlcache.writeback`.
+victims go down through :mod:`mlcache.writeback` (puts, deletes, victims and flush staging are in
+:mod:`mlcache._writepath`).
 
 Everything shared is guarded by one re-entrant lock, held only for in-memory work. A heap hit
 takes no lock at all: a dict read and an append to a read buffer that is replayed to the policy
@@ -25,7 +26,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ._keyview import KeyView
 from ._namespace import Namespace
 from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as _digest,
-                        event_time, found_by_key, same_bytes)
+                        event_time, found_by_key)
+from ._writepath import WritePath
 from .codec import Codec
 from .config import CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
@@ -80,7 +82,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-class CacheManager(ReadPath, KeyView):
+class CacheManager(ReadPath, WritePath, KeyView):
     """A multi-level cache: heap -> byte levels, fastest first. Thread-safe; a context manager."""
 
     def __init__(self, config: CacheConfig | None = None) -> None:
@@ -406,156 +408,12 @@ class CacheManager(ReadPath, KeyView):
         pairs = items.items() if isinstance(items, Mapping) else items
         self._put_items([(key, self._kb(key), value) for key, value in pairs], None)
 
-    def _encode_for(self, key: Any, value: Any) -> bytes:
-        try:
-            return self._codec.encode(value)
-        except SerializationError as exc:
-            raise SerializationError(
-                f"cannot store key {key!r}: value of type {type(value).__name__} is not "
-                f"serializable ({exc})", key=key, value_type=type(value)) from exc
-
-    def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None,
-                   weights: list[int] | None = None) -> None:
-        if ts is not None:
-            ts = event_time(ts)
-        # ``weights``: per item, the value's memory in bytes as the caller maintains it (the
-        # quadtree's live nodes), so the heap does not walk the value to weigh it.
-        # Check encodability once per value type (cheap amortised), so a SerializationError
-        # names the key here rather than later on a writer thread. Values of a type seen to
-        # encode before are checked again only when they leave the heap.
-        encoded: dict[bytes, tuple[Any, bytes]] = {}  # kb -> (the value encoded, its bytes)
-        raws: list[bytes | None] = []
-        heap = self._heap
-        for key, kb, value in items:
-            raw = None
-            if heap is None or type(value) not in self._good_types:
-                raw = self._encode_for(key, value)
-                encoded[kb] = (value, raw)
-                self._good_types.add(type(value))
-            raws.append(raw)
-        rc = self._records
-        pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
-        with self._lock:
-            self._check_open()
-            if self._reads or self._reads_ts:
-                self._apply_reads()
-            wb = self._wb
-            for i, ((key, kb, value), raw) in enumerate(zip(items, raws)):
-                wb.tombstones.discard(kb)
-                self._digests.pop(kb, None)
-                self._handed.discard(kb)
-                self._pin_errors.pop(kb, None)
-                if heap is None:
-                    assert raw is not None
-                    wb.buffer.add(0, kb, raw)
-                    continue
-                if wb.levels:
-                    wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
-                if rc is not None:
-                    rc.note_put(kb, pre)
-                victims = heap.insert(kb, value, dirty=True,
-                                      size=len(raw) if raw is not None else None, ts=ts,
-                                      weight=None if weights is None else weights[i])
-                if victims:
-                    self._handle_victims(victims, encoded)
-            need_room = wb.needs_room()
-        if rc is not None and rc.has_cuts():
-            rc.forward()
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            # called back from code holding our lock: writing now could deadlock with a
-            # writer thread, so leave it to the writer (woken by the enqueue)
-            self._wb.ensure_writers()
-        elif heap is None:
-            if self._levels:
-                self._wb.drain_all()
-        elif need_room:
-            self._wb.make_room()
-        else:
-            self._wb.ensure_writers()
-
-    def _handle_victims(self, victims: list[tuple[bytes, Any, bool]],
-                        encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
-        """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
-        heap_st = self._stats.levels["heap"]
-        if self._records is not None:
-            self._records.note_victims(victims)
-        for kb, value, dirty in victims:
-            self._handed.discard(kb)
-            digest = self._digests.pop(kb, None)
-            if not dirty:
-                if digest is None:
-                    heap_st.evictions["clean"] += 1
-                    continue
-                try:
-                    raw = self._codec.encode(value)
-                except SerializationError as exc:
-                    self._pin(kb, value, exc)
-                    continue
-                if same_bytes(digest, raw):
-                    heap_st.evictions["clean"] += 1
-                    continue
-                self._stats.writeback["mutations_detected"] += 1
-            else:
-                enc = encoded.get(kb) if encoded else None
-                raw = enc[1] if enc is not None and enc[0] is value else None
-                if raw is None:
-                    try:
-                        # leaving the heap, nothing compares it: large bytes stay uncopied
-                        raw = self._codec.encode_parts(value)
-                    except SerializationError as exc:
-                        self._pin(kb, value, exc)
-                        continue
-            heap_st.evictions["dirty"] += 1
-            if self._levels:
-                self._wb.enqueue(kb, raw)
-            else:
-                # Heap only: nowhere to write, so a victim leaves for good.
-                heap_st.evictions["dropped"] += 1
-
-    def _pin(self, kb: bytes, value: Any, exc: SerializationError) -> None:
-        assert self._heap is not None
-        self._heap.pin(kb, value, dirty=True)
-        key = self._describe_key(kb)
-        self._pin_errors[kb] = SerializationError(
-            f"cannot write back key {key!r}: value of type {type(value).__name__} is not "
-            f"serializable ({exc}); it stays in the heap until fixed or deleted",
-            key=key, value_type=type(value))
-        self._stats.levels["heap"].evictions["pinned"] += 1
-
-    def _describe_key(self, kb: bytes) -> Any:
-        try:
-            from .keys import split_key
-
-            return split_key(kb)[1]
-        except Exception:
-            return kb
-
     def delete(self, key: Any) -> None:
         """Remove ``key`` everywhere (a tombstone hides lower copies until flushed)."""
         self._delete_kbs([self._kb(key)])
 
     def delete_many(self, keys: Iterable[Any]) -> None:
         self._delete_kbs([self._kb(key) for key in keys])
-
-    def _delete_kbs(self, kbs: list[bytes]) -> None:
-        rc = self._records
-        pre = rc.before_write(kbs, None) if rc is not None else None
-        with self._lock:
-            self._check_open()
-            for kb in kbs:
-                if rc is not None:
-                    rc.note_delete(kb, pre)
-                if self._heap is not None:
-                    self._heap.remove(kb)
-                self._digests.pop(kb, None)
-                self._handed.discard(kb)
-                self._pin_errors.pop(kb, None)
-                if self._levels:
-                    self._wb.delete(kb)
-        if self._heap is None and self._levels:
-            self._wb.drain_all()
-        else:
-            self._wb.ensure_writers()
 
     # -- keys --------------------------------------------------------------------------------
 
@@ -577,122 +435,6 @@ class CacheManager(ReadPath, KeyView):
         return [decode_key(kb[n:]) for kb in sorted(seen - dead)]
 
     # -- flush / checkpoint / close ----------------------------------------------------------
-
-    def _stage_dirty(self, full_check: bool) -> None:
-        """Encode dirty and in-place-mutated entries into the eviction buffer and write them.
-
-        In chunks: with a byte-bounded heap, encodings are staged until the buffer holds about
-        its byte bound, then written before the next chunk is encoded, so a flush never holds
-        the whole dirty set encoded beside the objects (a transient the budget cannot cover).
-        The caller drains what the last chunk staged. Entries changed between chunks are
-        taken as they are then (a newer put is simply staged, a deleted or evicted one skipped).
-        """
-        with self._lock:
-            self._check_open()
-            self._apply_reads()
-            heap = self._heap
-            if heap is None or not self._levels:
-                return  # heap only: there is nowhere to write to
-            dirty = [kb for kb in heap.dirty if kb not in heap.pinned]
-            check: list[bytes] = []
-            if self._track:
-                check = list(self._digests) if full_check else list(self._handed)
-                self._handed.clear()
-        limit = self._wb.buffer_bytes_max
-        i = j = 0
-        while True:
-            with self._lock:
-                self._check_open()
-                if i < len(dirty):
-                    i = self._stage_chunk(dirty, i, limit)
-                if i == len(dirty) and j < len(check):
-                    j = self._check_chunk(check, j, limit)
-                if i == len(dirty) and j == len(check):
-                    self._stage_unpinned()
-                    self._heap.compact()
-                    return
-            self._wb.drain_all()
-
-    def _stage_chunk(self, dirty: list[bytes], i: int, limit: int | None) -> int:
-        """Lock held: stage ``dirty[i:]`` until the buffer reaches ``limit``; the next index."""
-        heap = self._heap
-        assert heap is not None
-        data, digests, buffer = heap.data, self._digests, self._wb.buffer
-        n = len(dirty)
-        while i < n:
-            kb = dirty[i]
-            i += 1
-            if kb not in heap.dirty or kb in heap.pinned:
-                continue   # written, evicted or deleted since the flush began
-            value = data[kb]
-            try:
-                raw = self._codec.encode(value)
-            except SerializationError as exc:
-                self._pin_errors[kb] = SerializationError(
-                    f"cannot write back key {self._describe_key(kb)!r}: value of type "
-                    f"{type(value).__name__} is not serializable ({exc})",
-                    key=self._describe_key(kb), value_type=type(value))
-                continue
-            self._wb.enqueue(kb, raw)
-            heap.dirty.discard(kb)
-            if self._track and type(value) not in _IMMUTABLE:
-                digests.remember(kb, raw)
-            self._stats.writeback["dirty_flushes"] += 1
-            if limit is not None and buffer.nbytes >= limit:
-                break
-        return i
-
-    def _check_chunk(self, check: list[bytes], j: int, limit: int | None) -> int:
-        """Lock held: write clean entries changed in place (digest differs), from ``check[j:]``
-        until the buffer reaches ``limit``; the next index."""
-        heap = self._heap
-        assert heap is not None
-        data, digests, buffer = heap.data, self._digests, self._wb.buffer
-        n = len(check)
-        while j < n:
-            kb = check[j]
-            j += 1
-            digest = digests.get(kb)
-            if digest is None or kb in heap.dirty or kb not in data:
-                continue
-            value = data[kb]
-            try:
-                raw = self._codec.encode(value)
-            except SerializationError as exc:
-                heap.dirty.add(kb)
-                self._pin_errors[kb] = SerializationError(
-                    f"cannot write back key {self._describe_key(kb)!r}: value of type "
-                    f"{type(value).__name__} is not serializable ({exc})",
-                    key=self._describe_key(kb), value_type=type(value))
-                continue
-            if not same_bytes(digest, raw):
-                digests.remember(kb, raw)
-                self._wb.enqueue(kb, raw)
-                self._stats.writeback["mutations_detected"] += 1
-                if limit is not None and buffer.nbytes >= limit:
-                    break
-        return j
-
-    def _stage_unpinned(self) -> None:
-        """Lock held: pinned victims that became encodable leave the heap now."""
-        heap = self._heap
-        assert heap is not None
-        data = heap.data
-        for kb in list(heap.pinned):
-            value = data[kb]
-            try:
-                raw = self._codec.encode(value)
-            except SerializationError:
-                continue
-            heap.unpin(kb)
-            self._pin_errors.pop(kb, None)
-            self._wb.enqueue(kb, raw)
-
-    def _raise_pinned(self) -> None:
-        with self._lock:
-            errors = list(self._pin_errors.values())
-        if errors:
-            raise errors[0]
 
     def flush(self) -> None:
         """Write every dirty heap entry (and every delete) to the next level, and wait."""

@@ -1,0 +1,310 @@
+"""The write side of :class:`~mlcache.manager.CacheManager`: what puts, deletes, evictions and
+flushes send towards the byte levels.
+
+Kept apart from the manager as the counterpart of :mod:`mlcache._readpath`. A put replaces the
+heap entry and marks it dirty, after checking once per value type that values encode (so a
+:class:`~mlcache.errors.SerializationError` names the key at the put, not later on a writer
+thread); without a heap it goes straight to the eviction buffer. A delete leaves a tombstone
+that hides lower copies until it is written. A victim leaving the heap is dropped when clean
+and unchanged, written when dirty or changed in place (its mutation digest differs), and
+pinned in the heap with the error kept when it cannot be encoded. A flush or checkpoint stages
+dirty and changed entries into the eviction buffer in chunks bounded in bytes. Writing the
+buffer down (writer threads, retries, the I/O lock) is :mod:`mlcache.writeback`'s.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._readpath import IMMUTABLE, Digests, event_time, same_bytes
+from .errors import SerializationError
+
+__all__ = ["WritePath"]
+
+
+class WritePath:
+    """Mixin for CacheManager: puts, deletes, heap victims and flush staging. Uses the
+    manager's state (lock, heap, write-back, codec, stats, mutation tracking)."""
+
+    _lock: Any
+    _heap: Any
+    _levels: list[Any]
+    _wb: Any
+    _codec: Any
+    _stats: Any
+    _records: Any
+    _digests: Digests
+    _handed: set[bytes]
+    _track: bool
+    _pin_errors: dict[bytes, SerializationError]
+    _good_types: set[type]
+    _reads: list[bytes]
+    _reads_ts: list[tuple[bytes, float]]
+    _check_open: Callable[[], None]
+    _apply_reads: Callable[[], None]
+
+    # -- puts and deletes --------------------------------------------------------------------
+
+    def _encode_for(self, key: Any, value: Any) -> bytes:
+        try:
+            return self._codec.encode(value)
+        except SerializationError as exc:
+            raise SerializationError(
+                f"cannot store key {key!r}: value of type {type(value).__name__} is not "
+                f"serializable ({exc})", key=key, value_type=type(value)) from exc
+
+    def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None,
+                   weights: list[int] | None = None) -> None:
+        if ts is not None:
+            ts = event_time(ts)
+        # ``weights``: per item, the value's memory in bytes as the caller maintains it (the
+        # quadtree's live nodes), so the heap does not walk the value to weigh it.
+        # Check encodability once per value type (cheap amortised), so a SerializationError
+        # names the key here rather than later on a writer thread. Values of a type seen to
+        # encode before are checked again only when they leave the heap.
+        encoded: dict[bytes, tuple[Any, bytes]] = {}  # kb -> (the value encoded, its bytes)
+        raws: list[bytes | None] = []
+        heap = self._heap
+        for key, kb, value in items:
+            raw = None
+            if heap is None or type(value) not in self._good_types:
+                raw = self._encode_for(key, value)
+                encoded[kb] = (value, raw)
+                self._good_types.add(type(value))
+            raws.append(raw)
+        rc = self._records
+        pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
+        with self._lock:
+            self._check_open()
+            if self._reads or self._reads_ts:
+                self._apply_reads()
+            wb = self._wb
+            for i, ((key, kb, value), raw) in enumerate(zip(items, raws)):
+                wb.tombstones.discard(kb)
+                self._digests.pop(kb, None)
+                self._handed.discard(kb)
+                self._pin_errors.pop(kb, None)
+                if heap is None:
+                    assert raw is not None
+                    wb.buffer.add(0, kb, raw)
+                    continue
+                if wb.levels:
+                    wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
+                if rc is not None:
+                    rc.note_put(kb, pre)
+                victims = heap.insert(kb, value, dirty=True,
+                                      size=len(raw) if raw is not None else None, ts=ts,
+                                      weight=None if weights is None else weights[i])
+                if victims:
+                    self._handle_victims(victims, encoded)
+            need_room = wb.needs_room()
+        if rc is not None and rc.has_cuts():
+            rc.forward()
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            # called back from code holding our lock: writing now could deadlock with a
+            # writer thread, so leave it to the writer (woken by the enqueue)
+            self._wb.ensure_writers()
+        elif heap is None:
+            if self._levels:
+                self._wb.drain_all()
+        elif need_room:
+            self._wb.make_room()
+        else:
+            self._wb.ensure_writers()
+
+    def _delete_kbs(self, kbs: list[bytes]) -> None:
+        rc = self._records
+        pre = rc.before_write(kbs, None) if rc is not None else None
+        with self._lock:
+            self._check_open()
+            for kb in kbs:
+                if rc is not None:
+                    rc.note_delete(kb, pre)
+                if self._heap is not None:
+                    self._heap.remove(kb)
+                self._digests.pop(kb, None)
+                self._handed.discard(kb)
+                self._pin_errors.pop(kb, None)
+                if self._levels:
+                    self._wb.delete(kb)
+        if self._heap is None and self._levels:
+            self._wb.drain_all()
+        else:
+            self._wb.ensure_writers()
+
+    # -- victims: what leaves the heap ------------------------------------------------------
+
+    def _handle_victims(self, victims: list[tuple[bytes, Any, bool]],
+                        encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
+        """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
+        heap_st = self._stats.levels["heap"]
+        if self._records is not None:
+            self._records.note_victims(victims)
+        for kb, value, dirty in victims:
+            self._handed.discard(kb)
+            digest = self._digests.pop(kb, None)
+            if not dirty:
+                if digest is None:
+                    heap_st.evictions["clean"] += 1
+                    continue
+                try:
+                    raw = self._codec.encode(value)
+                except SerializationError as exc:
+                    self._pin(kb, value, exc)
+                    continue
+                if same_bytes(digest, raw):
+                    heap_st.evictions["clean"] += 1
+                    continue
+                self._stats.writeback["mutations_detected"] += 1
+            else:
+                enc = encoded.get(kb) if encoded else None
+                raw = enc[1] if enc is not None and enc[0] is value else None
+                if raw is None:
+                    try:
+                        # leaving the heap, nothing compares it: large bytes stay uncopied
+                        raw = self._codec.encode_parts(value)
+                    except SerializationError as exc:
+                        self._pin(kb, value, exc)
+                        continue
+            heap_st.evictions["dirty"] += 1
+            if self._levels:
+                self._wb.enqueue(kb, raw)
+            else:
+                # Heap only: nowhere to write, so a victim leaves for good.
+                heap_st.evictions["dropped"] += 1
+
+    def _pin(self, kb: bytes, value: Any, exc: SerializationError) -> None:
+        assert self._heap is not None
+        self._heap.pin(kb, value, dirty=True)
+        key = self._describe_key(kb)
+        self._pin_errors[kb] = SerializationError(
+            f"cannot write back key {key!r}: value of type {type(value).__name__} is not "
+            f"serializable ({exc}); it stays in the heap until fixed or deleted",
+            key=key, value_type=type(value))
+        self._stats.levels["heap"].evictions["pinned"] += 1
+
+    def _describe_key(self, kb: bytes) -> Any:
+        try:
+            from .keys import split_key
+
+            return split_key(kb)[1]
+        except Exception:
+            return kb
+
+    # -- flush staging -----------------------------------------------------------------------
+
+    def _stage_dirty(self, full_check: bool) -> None:
+        """Encode dirty and in-place-mutated entries into the eviction buffer and write them.
+
+        In chunks: with a byte-bounded heap, encodings are staged until the buffer holds about
+        its byte bound, then written before the next chunk is encoded, so a flush never holds
+        the whole dirty set encoded beside the objects (a transient the budget cannot cover).
+        The caller drains what the last chunk staged. Entries changed between chunks are
+        taken as they are then (a newer put is simply staged, a deleted or evicted one skipped).
+        """
+        with self._lock:
+            self._check_open()
+            self._apply_reads()
+            heap = self._heap
+            if heap is None or not self._levels:
+                return  # heap only: there is nowhere to write to
+            dirty = [kb for kb in heap.dirty if kb not in heap.pinned]
+            check: list[bytes] = []
+            if self._track:
+                check = list(self._digests) if full_check else list(self._handed)
+                self._handed.clear()
+        limit = self._wb.buffer_bytes_max
+        i = j = 0
+        while True:
+            with self._lock:
+                self._check_open()
+                if i < len(dirty):
+                    i = self._stage_chunk(dirty, i, limit)
+                if i == len(dirty) and j < len(check):
+                    j = self._check_chunk(check, j, limit)
+                if i == len(dirty) and j == len(check):
+                    self._stage_unpinned()
+                    self._heap.compact()
+                    return
+            self._wb.drain_all()
+
+    def _stage_chunk(self, dirty: list[bytes], i: int, limit: int | None) -> int:
+        """Lock held: stage ``dirty[i:]`` until the buffer reaches ``limit``; the next index."""
+        heap = self._heap
+        assert heap is not None
+        data, digests, buffer = heap.data, self._digests, self._wb.buffer
+        n = len(dirty)
+        while i < n:
+            kb = dirty[i]
+            i += 1
+            if kb not in heap.dirty or kb in heap.pinned:
+                continue   # written, evicted or deleted since the flush began
+            value = data[kb]
+            try:
+                raw = self._codec.encode(value)
+            except SerializationError as exc:
+                self._pin_errors[kb] = SerializationError(
+                    f"cannot write back key {self._describe_key(kb)!r}: value of type "
+                    f"{type(value).__name__} is not serializable ({exc})",
+                    key=self._describe_key(kb), value_type=type(value))
+                continue
+            self._wb.enqueue(kb, raw)
+            heap.dirty.discard(kb)
+            if self._track and type(value) not in IMMUTABLE:
+                digests.remember(kb, raw)
+            self._stats.writeback["dirty_flushes"] += 1
+            if limit is not None and buffer.nbytes >= limit:
+                break
+        return i
+
+    def _check_chunk(self, check: list[bytes], j: int, limit: int | None) -> int:
+        """Lock held: write clean entries changed in place (digest differs), from ``check[j:]``
+        until the buffer reaches ``limit``; the next index."""
+        heap = self._heap
+        assert heap is not None
+        data, digests, buffer = heap.data, self._digests, self._wb.buffer
+        n = len(check)
+        while j < n:
+            kb = check[j]
+            j += 1
+            digest = digests.get(kb)
+            if digest is None or kb in heap.dirty or kb not in data:
+                continue
+            value = data[kb]
+            try:
+                raw = self._codec.encode(value)
+            except SerializationError as exc:
+                heap.dirty.add(kb)
+                self._pin_errors[kb] = SerializationError(
+                    f"cannot write back key {self._describe_key(kb)!r}: value of type "
+                    f"{type(value).__name__} is not serializable ({exc})",
+                    key=self._describe_key(kb), value_type=type(value))
+                continue
+            if not same_bytes(digest, raw):
+                digests.remember(kb, raw)
+                self._wb.enqueue(kb, raw)
+                self._stats.writeback["mutations_detected"] += 1
+                if limit is not None and buffer.nbytes >= limit:
+                    break
+        return j
+
+    def _stage_unpinned(self) -> None:
+        """Lock held: pinned victims that became encodable leave the heap now."""
+        heap = self._heap
+        assert heap is not None
+        data = heap.data
+        for kb in list(heap.pinned):
+            value = data[kb]
+            try:
+                raw = self._codec.encode(value)
+            except SerializationError:
+                continue
+            heap.unpin(kb)
+            self._pin_errors.pop(kb, None)
+            self._wb.enqueue(kb, raw)
+
+    def _raise_pinned(self) -> None:
+        with self._lock:
+            errors = list(self._pin_errors.values())
+        if errors:
+            raise errors[0]
