@@ -322,6 +322,31 @@ def test_entry_larger_than_the_arena_is_capacity_error_naming_sizes():
     a.close()
 
 
+@pytest.mark.parametrize("policy", ["lru", "clock"])
+@pytest.mark.parametrize("call", ["put", "put_many of one", "put_many of two"])
+def test_a_key_too_long_for_the_arena_is_refused_before_anything_is_evicted(policy, call):
+    """A small value under a key longer than the whole arena took the unchecked fast path:
+    the arena evicted every entry for room, then raised, and the victims it had taken out
+    were never handed back (lost)."""
+    a = small_arena(40 * KiB, policy=policy)
+    held = {b"k%d" % i: b"v%d" % i * 20 for i in range(20)}
+    for key, value in held.items():
+        assert a.put(key, value) == []
+    before = a.stats()
+    key = b"K" * (64 * KiB)
+    with pytest.raises(CapacityError, match=r"max_bytes=40960.*for this key's index entry"):
+        if call == "put":
+            a.put(key, b"v")
+        elif call == "put_many of one":
+            a.put_many([(key, b"v")])
+        else:
+            a.put_many([(b"other", b"o"), (key, b"v")])
+    assert a.stats() == before                              # nothing changed
+    assert a.get_many(list(held)) == list(held.values())
+    check_invariants(a)
+    a.close()
+
+
 def test_store_of_record_refuses_and_changes_nothing():
     a = small_arena(40 * KiB)
     a.may_evict = False

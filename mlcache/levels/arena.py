@@ -80,6 +80,7 @@ __all__ = ["ArenaLevel", "ENTRY_OVERHEAD", "BUFFER_OVERHEAD", "LEVEL_OVERHEAD"]
 
 ENTRY_OVERHEAD = 448     # per entry besides len(key): index dict slot, key object, int, policy
 LEVEL_OVERHEAD = 16384   # the level object, its lists, lock and an empty policy
+_SMALL_KEY = 4096        # keys up to this long skip the size check with small values
 
 
 def _as_view(value: Any, key: Any) -> Any:
@@ -129,8 +130,9 @@ class ArenaLevel(BlockStore):
         self._policy = None if lru else policy_cls(self.max_bytes)
         self._lookup = self._index.get          # bound once: the hot paths skip two lookups
         self._access = self._index.move_to_end if lru else self._policy.access
-        # Values up to this size always fit an empty arena whatever the key (up to 4 KiB).
-        self._small = self._max_blocks(ENTRY_OVERHEAD + 4096) * bs
+        # Values up to this size always fit an empty arena with any key up to _SMALL_KEY bytes;
+        # a longer key or value is checked before anything changes (_check_batch).
+        self._small = self._max_blocks(ENTRY_OVERHEAD + _SMALL_KEY) * bs
         self.evictions = 0
         self._bind_hot_paths()
 
@@ -291,7 +293,7 @@ class ArenaLevel(BlockStore):
                 value = _as_view(value, key)
                 fixed[n] = (key, value)
             size = len(value)
-            if size > small or len(key) > 4096:
+            if size > small or len(key) > _SMALL_KEY:
                 error = self._too_big(key, size)
                 if error is not None:
                     raise error
@@ -392,7 +394,8 @@ class ArenaLevel(BlockStore):
                 kind = type(value)
                 if type(key) is not bytes or (kind is not bytes and (
                         kind is not memoryview or value.format != "B" or value.ndim != 1)) \
-                        or len(value) > small or not (self.may_evict or self.lossy):
+                        or len(value) > small or len(key) > _SMALL_KEY \
+                        or not (self.may_evict or self.lossy):
                     items = self._check_batch(items)
                     break
             if not (self.may_evict or self.lossy):
@@ -422,7 +425,7 @@ class ArenaLevel(BlockStore):
         kind = type(value)
         if type(key) is not bytes or (kind is not bytes and (
                 kind is not memoryview or value.format != "B" or value.ndim != 1)) \
-                or len(value) > self._small or not self.may_evict:
+                or len(value) > self._small or len(key) > _SMALL_KEY or not self.may_evict:
             return self.put_many(((key, value),))     # a tuple: the general path
         with self._lock:
             if self._closed:
@@ -649,6 +652,7 @@ class ArenaLevel(BlockStore):
         wpb = self._wpb
         bpb = self.blocks_per_buffer
         small = self._small
+        small_charge = ENTRY_OVERHEAD + _SMALL_KEY
         contig = _CONTIG
         addr_mask = _ADDR
         free = _FREE
@@ -710,10 +714,10 @@ class ArenaLevel(BlockStore):
                     or not self.may_evict:
                 return general_put_many(self, ((key, value),))
             size = len(value)
-            if size > small:
+            charge = ENTRY_OVERHEAD + len(key)
+            if size > small or charge > small_charge:   # may not fit at all: checked first
                 return general_put_many(self, ((key, value),))
             blocks = (size + bs - 1) // bs or 1
-            charge = ENTRY_OVERHEAD + len(key)
             acquire()
             try:
                 if self._closed:
