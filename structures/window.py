@@ -170,15 +170,15 @@ class _Windows:
                 return self._late(record, ts)
         except TypeError:
             raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
-        if ts > self._next_slide:
-            self._slide_to(ts)
-        self._wm = ts
         cur = self._cur
         i = cur.n
         try:
-            cur.data[i] = record
+            cur.data[i] = record   # first: a refused record must not move the watermark
         except (ValueError, TypeError):
             raise self._bad_record(record) from None
+        if ts > self._next_slide:
+            self._slide_to(ts)     # row i is not counted yet (cur.n), and the slide keeps cur
+        self._wm = ts
         cur.ts[i] = ts
         cur.n = i + 1
         if i + 1 == self._codec.capacity:
@@ -207,10 +207,11 @@ class _Windows:
                     return self._late(record, ts)  # type: ignore[arg-type]
             except TypeError:
                 raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+        size = self._codec.record_size(record)  # first: a refused record changes nothing
+        if self.kind == "time":
             if ts > self._next_slide:  # type: ignore[operator]
                 self._slide_to(ts)  # type: ignore[arg-type]
             self._wm = ts  # type: ignore[assignment]
-        size = self._codec.record_size(record)
         if self._cur.nbytes + size > self.block_size:
             self._seal()
         cur = self._cur

@@ -220,6 +220,29 @@ def test_bad_configuration_and_records():
     win.close()
 
 
+@pytest.mark.parametrize("numeric", [True, False])
+def test_a_refused_record_changes_nothing(numeric):
+    """A record refused by append() moved the watermark (and emitted the slides up to its
+    timestamp) before it was checked: the next valid tuple behind that timestamp was then
+    late, so dropped with on_late="drop" (lost) or refused with a ValueError."""
+    slides: list = []
+    opts = {"slide": 5, "on_slide": lambda end, result: slides.append(end), "on_late": "drop"}
+    if numeric:
+        win = SlidingWindow(10.0, columns=("v",), value="v", **opts)
+        good, bad, refused = (lambda v: (v,)), ("not a number", 2), ValueError
+    else:
+        win = SlidingWindow(10.0, value=0, **opts)
+        good, bad, refused = (lambda v: [v]), [object()], SerializationError
+    win.append(good(1.0), 1.0)
+    with pytest.raises(refused):
+        win.append(bad, 20.0)
+    win.append(good(3.0), 8.0)
+    assert slides == [5] and win.late_dropped == 0
+    result = win.result()
+    assert (result.count, result.sum) == (2, 4.0)
+    win.close()
+
+
 def test_reopening_with_another_configuration_is_refused(tmp_path):
     win = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
     win.append((0, 1.0, 1.0), 1.0)
