@@ -487,3 +487,40 @@ def test_a_failing_level_leaves_the_tree_as_it_was(tmp_path, page_levels):
             qt.clear()
             qt.insert_many(pts)
         assert failed == 3
+
+
+@pytest.mark.parametrize("page_levels", [None, 3])
+def test_the_metadata_is_charged_what_the_heaps_walk_gives(tmp_path, page_levels):
+    """The tree's metadata goes to a byte-bounded heap with a weight worked out from its
+    counts (len, nodes, next) and its fixed fields; it must be what the walk gives, through
+    inserts, splits, removes, merges, prunes, clear and drop."""
+    from mlcache.levels.heap import estimate_size
+    from mlcache.structures.base import META_NAMESPACE
+
+    config = CacheConfig(heap=HeapConfig(max_bytes=64 << 20, policy="lru"),
+                         levels=(DiskConfig(path=str(tmp_path / "d")),))
+    with CacheManager(config) as m:
+        heap = m._heap
+        qt = m.quadtree("meta", BOUNDS, capacity=4, page_levels=page_levels)
+        kb = m.namespace(META_NAMESPACE)._kb((qt.kind, qt.name))
+
+        def check():
+            charged = heap.weights[kb] - heap.entry_overhead - 2 * len(kb)
+            assert charged == estimate_size(heap.data[kb]), qt._meta
+
+        check()
+        for i in range(0, 3000, 300):   # len, nodes and next grow past the small ints
+            qt.insert_many([(float(j % 64), float(j * 7 % 64), f"p{j}", float(j))
+                            for j in range(i, i + 300)])
+            check()
+        qt.remove(0.0, 0.0)
+        check()
+        assert qt.prune_older(2900.0) > 0
+        check()
+        qt.clear()
+        check()
+        qt.drop()
+        qt.insert(1.0, 1.0, "again", 1.0)
+        check()
+        assert qt.verify() >= 1
+        assert qt._meta_w is not None   # the weight was worked out, not walked by the heap
