@@ -298,6 +298,18 @@ class WriteBack:
         return bool(len(self.buffer) or self.tombstones)
 
     def _writer_loop(self) -> None:
+        # a level that can (Redis) gives this thread a connection of its own: a batch every
+        # few milliseconds would otherwise check one out of the pool and back each time
+        holding = [level for level in self.levels if hasattr(level, "hold_connection")]
+        for level in holding:
+            level.hold_connection()
+        try:
+            self._write_until_stopped()
+        finally:
+            for level in holding:
+                level.release_connection()
+
+    def _write_until_stopped(self) -> None:
         attempt = 0
         while not self._stop.is_set():
             self._wake.wait(1.0)
@@ -320,9 +332,12 @@ class WriteBack:
                         self.drain_once()
                     attempt = 0
                     self.error = None
-                    # Let a reader waiting for the I/O lock in before the next batch (the lock
-                    # is not fair, and a miss must not starve behind a long write-back).
-                    time.sleep(0)
+                    if self._work_waiting():
+                        # Let a reader waiting for the I/O lock in before the next batch (the
+                        # lock is not fair, and a miss must not starve behind a long
+                        # write-back). Not after the last: giving up the GIL costs this
+                        # thread a wait for the thread running Python and two switches.
+                        time.sleep(0)
                 except Exception as exc:  # kept and surfaced to the next flush/put
                     self.error = exc
                     self.stats.writeback["writer_errors"] += 1

@@ -4,6 +4,7 @@ sees the same bytes ``Codec.encode`` gives (joined), signatures included."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import pytest
@@ -367,3 +368,78 @@ def test_a_write_takes_what_is_queued_up_to_its_batch_bound(redis_url):
                 wb.buffer.add(0, key, data)
         m.flush()
         assert m.stats()["writeback"]["pending"] == 0
+
+
+# -- the writer thread's own connection ------------------------------------------------------------
+
+def test_a_thread_holding_a_connection_writes_on_it_not_on_the_pool(redis_url):
+    """hold_connection gives the calling thread a connection beside the pool for its writes:
+    with the pool's only connection checked out elsewhere, the thread still writes and
+    deletes; other threads are not affected; release closes it, and the level's close closes
+    any still held."""
+    level = _level(redis_url, max_connections=1, socket_timeout=2.0)
+    pool = level._connect().connection_pool
+    taken = pool.get_connection()   # the pool is empty now
+    done: list = []
+
+    def writer() -> None:
+        level.hold_connection()
+        level.put_many([(b"w1", b"one"), (b"w2", b"two")])
+        level.delete_many([b"w1"])
+        done.append(level._own.conn[1])
+        level.release_connection()
+
+    import threading
+
+    t = threading.Thread(target=writer)
+    t.start()
+    t.join(10)
+    assert len(done) == 1 and done[0] not in pool._connections
+    assert done[0]._sock is None and not level._owned   # released: closed
+    assert level._own_connection(level._client) is None  # this thread holds none
+    pool.release(taken)
+    assert level.get_many([b"w1", b"w2"]) == [None, b"two"]
+    level.hold_connection()
+    level.put_many([(b"w3", b"three")])
+    held = level._own.conn[1]
+    assert held._sock is not None
+    level.close()
+    assert held._sock is None
+
+
+def test_a_held_connection_dropped_by_the_server_connects_again(redis_url):
+    level = _level(redis_url, retries=2)
+    try:
+        level.hold_connection()
+        level.put_many([(b"a", b"1")])
+        admin = redis.Redis.from_url(redis_url)
+        admin.client_kill_filter(_type="normal", skipme=True)   # the level's sockets
+        admin.close()
+        level.put_many([(b"b", b"2")])
+        level.delete_many([b"a"])
+        assert level.get_many([b"a", b"b"]) == [None, b"2"]
+        level.release_connection()
+    finally:
+        level.close()
+
+
+def test_the_writer_thread_writes_on_its_own_connection_and_closes_it(redis_url):
+    config = CacheConfig(heap=HeapConfig(max_bytes=300_000, policy="lru"),
+                         levels=(RedisConfig(url=redis_url, prefix=f"o-{uuid.uuid4().hex[:8]}"),))
+    m = CacheManager(config)
+    level = m._levels[0]
+    for i in range(200):
+        m.put(i, os.urandom(5_000))
+    m.flush()
+    assert all(m.get(i) is not None for i in range(200))
+    m.delete_many(range(100))
+    m.flush()
+    writers = [t for t in m._wb._threads if t.is_alive()]
+    assert writers and m.stats()["levels"]["redis"]["writes"] > 0
+    deadline = time.monotonic() + 10
+    while not level._owned and time.monotonic() < deadline:   # the writer's first write
+        m.put("more", os.urandom(100_000))
+        time.sleep(0.05)
+    assert len(level._owned) == 1   # one writer thread, one connection of its own
+    m.close()
+    assert not level._owned   # the writer released its connection when it stopped
