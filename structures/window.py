@@ -255,7 +255,8 @@ class _Windows:
         if self.kind == "count":
             self._ingest_count(rows, tsa)
             return
-        if tsa[0] >= self._wm and not (tsa[1:] < tsa[:-1]).any() and not math.isnan(tsa[-1]):
+        # (every comparison with a NaN is False, so a NaN anywhere takes the checked path)
+        if tsa[0] >= self._wm and (tsa[1:] >= tsa[:-1]).all():
             self._ingest_time(rows, tsa)  # in order: the common case
             return
         if np.isnan(tsa).any():

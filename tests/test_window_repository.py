@@ -243,6 +243,20 @@ def test_a_refused_record_changes_nothing(numeric):
     win.close()
 
 
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_extend_refuses_a_nan_timestamp_anywhere(where):
+    """extend() caught a NaN only in first or last place: one inside an in-order batch went
+    into the blocks (append() refuses it), where expiry's binary search expects sorted times."""
+    win = SlidingWindow(10.0, columns=("v",), value="v")
+    win.append((1.0,), 0.5)
+    ts = [1.0, 2.0, 3.0]
+    ts[where] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        win.extend([(1.0,), (2.0,), (3.0,)], ts)
+    assert win.result().count == 1
+    win.close()
+
+
 def test_reopening_with_another_configuration_is_refused(tmp_path):
     win = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
     win.append((0, 1.0, 1.0), 1.0)
