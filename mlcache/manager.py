@@ -5,7 +5,7 @@ fetch already in flight, then asks the byte levels in order with one ``get_many`
 batch; what it finds is decoded and inserted into the heap clean (the lower copy stays, so a
 clean eviction later costs nothing). A write replaces the heap entry and marks it dirty; dirty
 victims go down through :mod:`mlcache.writeback` (puts, deletes, victims and flush staging are in
-:mod:`mlcache._writepath`).
+:mod:`mlcache._writepath`; hints and the prefetcher's hooks in :mod:`mlcache._prefetchhooks`).
 
 Everything shared is guarded by one re-entrant lock, held only for in-memory work. A heap hit
 takes no lock at all: a dict read and an append to a read buffer that is replayed to the policy
@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ._keyview import KeyView
 from ._namespace import Namespace
+from ._prefetchhooks import PrefetchHooks
 from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as _digest,
                         event_time, found_by_key)
 from ._writepath import WritePath
@@ -82,7 +83,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-class CacheManager(ReadPath, WritePath, KeyView):
+class CacheManager(ReadPath, WritePath, PrefetchHooks, KeyView):
     """A multi-level cache: heap -> byte levels, fastest first. Thread-safe; a context manager."""
 
     def __init__(self, config: CacheConfig | None = None) -> None:
@@ -326,21 +327,6 @@ class CacheManager(ReadPath, WritePath, KeyView):
             self._handed.update(kb for kb, _ in timed)
         self._hits += len(items) + len(timed)
 
-    def _note_landed(self, items: list[bytes], timed: list[tuple[bytes, float]]) -> None:
-        """Lock held: tell the prefetcher of the first use of keys it prefetched (hits replayed
-        here, so the get path pays nothing; a key the lookahead operator reported is no longer
-        among them). Runs only while unused prefetches exist."""
-        landed, pf = self._pf_landed, self._prefetcher
-        if landed is None or pf is None:
-            return
-        note = pf.note_get
-        for kb in items:
-            if kb in landed:
-                note(kb, None)
-        for kb, ts in timed:
-            if kb in landed:
-                note(kb, ts)
-
     def contains(self, key: Any) -> bool:
         return self.get(key, _MISSING) is not _MISSING
 
@@ -380,23 +366,6 @@ class CacheManager(ReadPath, WritePath, KeyView):
             self._prefetcher.drop_staged(prefix)
         self._wb.ensure_writers()
         return len(drop)
-
-    def _advance_clock(self, ts: float) -> None:
-        """A record at event time ``ts`` is being handed to the caller (lookahead operator):
-        an event-time policy stamps the accesses and inserts without ``ts`` that follow with
-        it. Hits buffered before are replayed first, at the time they happened."""
-        advance = self._advance
-        if advance is not None:
-            if self._reads:
-                with self._lock:
-                    self._apply_reads()
-            advance(ts)
-
-    def _policy_hint(self, key_bytes: bytes, ts: float) -> None:
-        if self._heap is not None:
-            with self._lock:
-                self._apply_reads()  # keep hits and hints in the order they happened
-                self._heap.policy.hint(key_bytes, ts)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -499,50 +468,11 @@ class CacheManager(ReadPath, WritePath, KeyView):
                                        "CacheConfig(dedup=DedupConfig(...))")
         return self._records
 
-    # -- prefetching hooks ---------------------------------------------------------------------
+    # -- prefetching (the manager's side is in mlcache._prefetchhooks) ---------------------------
 
     def hint(self, key: Any, ts: float) -> None:
         """Say ``key`` will be needed at event time ``ts`` (policy told; prefetch if absent)."""
         self._hint_kb(self._kb(key), ts)
-
-    def _hint_kb(self, kb: bytes, ts: float) -> None:
-        ts = event_time(ts)
-        heap = self._heap
-        if heap is not None:
-            with self._lock:
-                if kb in self._data:
-                    self._apply_reads()
-                    heap.policy.hint(kb, ts)
-                    return
-        prefetcher = self._get_prefetcher()
-        if prefetcher is not None:
-            prefetcher.submit(kb, ts)
-        elif heap is not None:
-            with self._lock:
-                self._apply_reads()
-                heap.policy.hint(kb, ts)
-
-    def _get_prefetcher(self) -> Any:
-        if not self.config.prefetch.enabled or self._prefetch_absent or self._closed:
-            return None
-        pid = os.getpid()
-        if self._prefetcher is not None and self._prefetcher_pid == pid:
-            return self._prefetcher
-        with self._lock:
-            if self._prefetcher is None or self._prefetcher_pid != pid:
-                try:
-                    module = importlib.import_module("mlcache.prefetch")
-                except ModuleNotFoundError as exc:
-                    if exc.name != "mlcache.prefetch":
-                        raise
-                    self._prefetch_absent = True
-                    return None
-                self._prefetcher = module.Prefetcher(self)
-                # its staged reads (raw bytes waiting to be installed) are bounded in bytes
-                self._prefetch_reserve = int(getattr(self._prefetcher, "staged_max_bytes", 0))
-                self._recharge()
-                self._prefetcher_pid = pid
-            return self._prefetcher
 
     # -- namespaces and structures ------------------------------------------------------------
 
