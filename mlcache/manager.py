@@ -4,8 +4,7 @@ The data path (DESIGN §2): a read looks in the heap, then the eviction buffer, 
 fetch already in flight, then asks the byte levels in order with one ``get_many`` per level per
 batch; what it finds is decoded and inserted into the heap clean (the lower copy stays, so a
 clean eviction later costs nothing). A write replaces the heap entry and marks it dirty; dirty
-victims go down through :mod:`mlcache.writeback` (puts, deletes, victims and flush staging are in
-:mod:`mlcache._writepath`; hints and the prefetcher's hooks in :mod:`mlcache._prefetchhooks`).
+victims go down through :mod:`mlcache.writeback`.
 
 Everything shared is guarded by one re-entrant lock, held only for in-memory work. A heap hit
 takes no lock at all: a dict read and an append to a read buffer that is replayed to the policy
@@ -13,6 +12,12 @@ in batches. Level I/O runs outside the lock (see writeback's ``wseq`` for how re
 while writes are in flight; the miss path is in :mod:`mlcache._readpath`). User keys are turned
 into canonical byte keys once and memoised (:mod:`mlcache._keyview`), so a hit never runs
 msgpack.
+
+The manager itself keeps construction, the hit path and its read buffer, the public API and
+stats; the rest is composed from mixins, each in a module of its own: the miss path
+(:mod:`mlcache._readpath`), the write side (:mod:`mlcache._writepath`), the hooks of keyed
+prefetching (:mod:`mlcache._prefetchhooks`), what a bytes-bounded heap's budget reserves
+beside the entries (:mod:`mlcache._heapbudget`) and the key memo (:mod:`mlcache._keyview`).
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ import threading
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ._heapbudget import _ENTRY_OVERHEAD, _MEMO_MIN, _MEMO_SHARE, HeapBudget
+from ._heapbudget import _MEMO_ENTRY  # noqa: F401  (read here by tests/test_reliability_memory)
 from ._keyview import KeyView
 from ._namespace import Namespace
 from ._prefetchhooks import PrefetchHooks
@@ -35,7 +42,7 @@ from .errors import CacheError, ConfigError, SerializationError
 from .keys import decode_key, namespace_prefix
 from .levels.heap import HeapLevel
 from .stats import Stats
-from .writeback import _WLOG_KEYS, WriteBack
+from .writeback import WriteBack
 
 __all__ = ["CacheManager", "Namespace", "register_structure"]
 
@@ -44,20 +51,6 @@ _IMMUTABLE = IMMUTABLE
 _SIMPLE_KEYS = frozenset((str, int, bytes))
 
 _READ_BATCH = 64
-# Bytes charged per resident entry beside its value, as allocated (the allocator's rounding
-# included): the canonical key's object (its bytes, twice, are charged by the heap), slots in
-# the heap's data and weights dicts and dirty set, the weight, the policy's node, the mutation
-# digest and the handed-out mark. The worst case measured over table fill levels (~645 bytes),
-# guarded by tests/test_reliability_memory.py::test_entry_overhead_covers_the_bookkeeping.
-_ENTRY_OVERHEAD = 680
-# The key memo, charged to the heap budget: one entry per _MEMO_SHARE bytes of it, at least
-# _MEMO_MIN, each costing at most _MEMO_ENTRY (dict slot, the user key, its canonical bytes;
-# measured: 140 B for an int key, 170 for a short str, 220 for a (str, int) tuple).
-_MEMO_SHARE = 16384
-_MEMO_MIN = 256
-_MEMO_ENTRY = 232
-# A key the write log keeps (writeback._WLOG_KEYS of them at most): often an evicted entry's.
-_LOGGED_KEY = 64
 
 _STRUCTURES: dict[str, Callable[..., Any]] = {}
 
@@ -83,7 +76,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-class CacheManager(ReadPath, WritePath, PrefetchHooks, KeyView):
+class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
     """A multi-level cache: heap -> byte levels, fastest first. Thread-safe; a context manager."""
 
     def __init__(self, config: CacheConfig | None = None) -> None:
@@ -176,23 +169,6 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, KeyView):
             from .recordcache import RecordCache
 
             self._records = RecordCache(self, config.dedup)
-
-    def _reserved_bytes(self, raw_keep: int) -> int:
-        """Memory a bytes-bounded heap's budget covers beside its entries (each bounded):
-        the eviction buffer with the batch being written, a level client's copy of that
-        batch (up to a batch: the Redis level joins values under 16 KB behind their
-        headers), the large encodings mutation tracking keeps, the key memos, the write log,
-        and once hints are used the prefetcher's staged reads."""
-        buffer = self._wb.buffer_bytes_max or 0
-        batch = self._wb.batch_bytes_max or 0
-        return (buffer + batch + raw_keep + self._memo_total * _MEMO_ENTRY
-                + _WLOG_KEYS * _LOGGED_KEY + self._prefetch_reserve)
-
-    def _recharge(self) -> None:
-        """Lock held: take the current reserve off a bytes-bounded heap's capacity."""
-        heap = self._heap
-        if heap is not None and heap.by_bytes and heap.entry_overhead:
-            self._handle_victims(heap.reserve(self._reserved_bytes(self._digests.budget)))
 
     # -- context manager / lifecycle ---------------------------------------------------------
 
@@ -490,23 +466,6 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, KeyView):
                     ns._memo_max = 0   # _kb then keeps at most the key it just encoded
                 self._share_memo()
             return ns
-
-    def _share_memo(self) -> None:
-        """Lock held: the key memos of the manager and its namespaces share one bound (each
-        view keeps at least _MEMO_MIN keys); a bytes-bounded heap is charged for the total.
-        Namespaces without a memo (``_memo_max == 0``) take no share."""
-        heap = self._heap
-        if heap is None or not heap.by_bytes or heap.entry_overhead == 0:
-            return
-        memos = [view for view in self._namespaces.values() if view._memo_max]
-        views = 1 + len(memos)
-        share = max(_MEMO_MIN, self._memo_total // views)
-        self._memo_max = share
-        for view in memos:
-            view._memo_max = share
-        if share * views > self._memo_total:
-            self._memo_total = share * views
-            self._recharge()
 
     def structure(self, kind: str, name: str, **kw: Any) -> Any:
         """The cacheable structure ``name`` of ``kind`` (created on first use, then reused)."""
