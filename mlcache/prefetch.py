@@ -95,9 +95,9 @@ from typing import Any, Iterator
 
 from mlcache.policies.base import BasePolicy
 
-from ._readpath import _Load
-
+from ._hints import HintBuffer, HotKeyFilter, _make_filter
 from ._lookahead import DepthController, RecordKeyError, prefetching
+from ._readpath import _Load
 
 __all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError",
            "prefetching"]
@@ -140,82 +140,6 @@ def quantile(data: list[float], q: float) -> float | None:
         return None
     data = sorted(data)
     return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
-
-
-class HintBuffer:
-    """Hints not yet fetched (unprocessed) and being fetched (in flight); one entry per key.
-
-    An entry is ``(ts, t_hint, first_ts)``: the latest event time the key was hinted for, the
-    wall time of its first hint (slack and fetch latency are measured from it) and the event
-    time of that first hint (a use before it was not covered by this entry). Not thread-safe;
-    the :class:`Prefetcher` guards it with its lock.
-    """
-
-    def __init__(self) -> None:
-        self.pending: dict[bytes, tuple[float, float, float]] = {}
-        self.inflight: dict[bytes, tuple[float, float, float]] = {}
-
-    def add(self, kb: bytes, ts: float, now: float) -> str:
-        """Record a hint; returns ``"new"``, ``"updated"`` or ``"inflight"``."""
-        cur = self.inflight.get(kb)
-        if cur is not None:
-            if ts > cur[0]:
-                self.inflight[kb] = (ts, cur[1], cur[2])
-            return "inflight"
-        cur = self.pending.get(kb)
-        if cur is not None:
-            if ts > cur[0]:
-                self.pending[kb] = (ts, cur[1], cur[2])
-            return "updated"
-        self.pending[kb] = (ts, now, ts)
-        return "new"
-
-    def take(self, n: int, min_ts: float, skip: bytes | None = None
-             ) -> tuple[list[tuple[bytes, float, float]], int]:
-        """Move up to ``n`` oldest entries to in-flight; drop those with ts < min_ts.
-
-        ``skip`` stays queued (the key of the record about to be handed over: the operator
-        leaves it to that record's own demand read). Returns ``(batch, dropped_late)``, batch
-        entries being ``(key, ts, t_hint)``.
-        """
-        batch: list[tuple[bytes, float, float]] = []
-        late = 0
-        pending = self.pending
-        while pending and len(batch) < n:
-            it = iter(pending)
-            kb = next(it)
-            if kb == skip:
-                kb = next(it, None)
-                if kb is None:
-                    break
-            entry = pending.pop(kb)
-            ts, t0 = entry[0], entry[1]
-            if ts < min_ts:
-                late += 1
-                continue
-            self.inflight[kb] = entry
-            batch.append((kb, ts, t0))
-        return batch, late
-
-    def done(self, keys: list[bytes]) -> None:
-        for kb in keys:
-            self.inflight.pop(kb, None)
-
-    def state(self, kb: bytes) -> tuple[str, tuple[float, float, float]] | None:
-        cur = self.pending.get(kb)
-        if cur is not None:
-            return "pending", cur
-        cur = self.inflight.get(kb)
-        if cur is not None:
-            return "inflight", cur
-        return None
-
-    def __len__(self) -> int:
-        return len(self.pending) + len(self.inflight)
-
-    def clear(self) -> None:
-        self.pending.clear()
-        self.inflight.clear()
 
 
 class Prefetcher:
@@ -1021,73 +945,3 @@ def _fetch_loop(pref: "weakref.ref[Prefetcher]") -> None:
             return
         p._fetch(batch)
         del p
-
-
-class HotKeyFilter:
-    """Counts hints in the 4-bit count-min sketch; a key is hot once its estimate > threshold.
-
-    Increments are buffered (key hash -> count) and applied in batches with
-    ``FrequencySketch.increment_hashes`` (numpy), as the sketch's cost model asks; an estimate
-    adds the key's still-buffered count, so buffering never hides a hot key.
-    """
-
-    # increments buffered before one numpy batch: the batch has a fixed cost (mixing, index
-    # arrays), 2.96 -> 2.09 us per estimated hint from 512 to 4096 (200,000 keys, this machine)
-    FLUSH = 2048
-
-    def __init__(self, capacity: int, threshold: int) -> None:
-        from .sketch import FrequencySketch
-
-        self.sketch = FrequencySketch(capacity)
-        self.threshold = threshold
-        self._pending: dict[int, int] = {}
-        self._npending = 0
-        self._est: dict[int, int] = {}   # key hash -> sketch estimate, until the next flush
-        self._lock = threading.Lock()
-
-    def count(self, kb: bytes) -> None:
-        """Count a hint without estimating (the key is not resident: it is fetched anyway)."""
-        h = hash(kb)
-        with self._lock:
-            pending = self._pending
-            pending[h] = pending.get(h, 0) + 1
-            self._npending += 1
-            if self._npending >= self.FLUSH:
-                self._pending, self._npending = {}, 0
-                self.sketch.increment_hashes(list(pending), list(pending.values()))
-                self._est = {}
-
-    def hot(self, kb: bytes) -> bool:
-        """Count a hint; whether the key's estimate exceeds the threshold.
-
-        The sketch's counters change only when the buffered increments are applied, so a key's
-        sketch estimate is computed once per batch of increments and remembered until the next
-        one (a hot key is hinted many times per batch: one dict lookup instead of a 4-row
-        estimate, 2.3 -> ~1 us per hint)."""
-        h = hash(kb)
-        with self._lock:
-            c = self._pending.get(h, 0) + 1
-            self._pending[h] = c
-            self._npending += 1
-            est = self._est.get(h)
-            if est is None:
-                est = self._est[h] = self.sketch.frequency_of_hash(h)
-            if self._npending >= self.FLUSH:
-                pending, self._pending, self._npending = self._pending, {}, 0
-                self.sketch.increment_hashes(list(pending), list(pending.values()))
-                self._est = {}
-        return est + c > self.threshold
-
-
-def _make_filter(manager: Any) -> HotKeyFilter | None:
-    """A hot-key filter sized to the heap, or ``None`` when disabled (threshold 16)."""
-    threshold = manager.config.prefetch.hot_threshold
-    if threshold >= 16:
-        return None
-    heap = manager.config.heap
-    capacity = 4096
-    if heap is not None and heap.max_entries:
-        capacity = heap.max_entries
-    elif heap is not None and heap.max_bytes:
-        capacity = heap.max_bytes // 1024
-    return HotKeyFilter(min(max(capacity, 1024), 1 << 20), threshold)
