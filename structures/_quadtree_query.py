@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
 from typing import Any
 
-from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, X0, X1, Y0, Y1, Point, _mindist2,
-                                 _columns, _recs, _xys)
+from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1,
+                                 Point, _child_bounds, _columns, _mindist2, _recs, _xys,
+                                 n_points, node_size)
 
 __all__: list[str] = []
 
@@ -38,6 +39,8 @@ class _QuadtreeQueries:
     _nodes: Callable[[Iterable[int]], dict[int, list]]
     _node: Callable[[int], "list | None"]
     _load: Callable[[Any], Any]
+    _merge_below: Callable[[], int]
+    _sized: bool
 
     def _as_point(self, rec: Any) -> Point:
         return Point(rec[0], rec[1], self._load(rec[2]), rec[3])
@@ -225,3 +228,49 @@ class _QuadtreeQueries:
 
         self._walk(visit)
         return deepest
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    def verify(self) -> int:
+        """Check every structural invariant (counts, bounds, timestamps, merge threshold,
+        sizes); raise ``AssertionError`` on the first violation; return the number of nodes."""
+        nodes = 0
+        total = 0
+        merge_below = self._merge_below()
+        if self._node(ROOT) is None:
+            assert self._meta["len"] == 0 and self._meta["nodes"] == 1
+            return 0
+        sized = self._sized
+
+        def visit(node: list) -> bool:
+            nonlocal nodes, total
+            nodes += 1
+            if sized:
+                assert node[SIZE] == node_size(node), ("size", node[SIZE], node_size(node))
+            if node[KIDS] is None:
+                pts = node[PTS]
+                assert node[COUNT] == n_points(pts), node
+                if pts and type(pts[0]) is bytes:
+                    assert len(pts[0]) == 24 * (len(pts) - 1), node
+                for rec in _recs(pts):
+                    assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
+                    assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
+                assert node[COUNT] <= self._meta["capacity"] or \
+                    node[DEPTH] >= self._meta["max_depth"], "leaf over capacity"
+                total += node[COUNT]
+                return False
+            assert node[PTS] is None and len(node[KIDS]) == 4
+            kids = self._nodes(node[KIDS])
+            assert sum(kids[k][COUNT] for k in node[KIDS]) == node[COUNT], "count mismatch"
+            assert node[COUNT] > merge_below, "under-full inner node not merged"
+            for q, k in enumerate(node[KIDS]):
+                assert tuple(kids[k][:4]) == _child_bounds(node, q)
+                assert kids[k][DEPTH] == node[DEPTH] + 1
+                if kids[k][TMIN] is not None:
+                    assert node[TMIN] is not None and node[TMIN] <= kids[k][TMIN]
+            return True
+
+        self._walk(visit)
+        assert total == self._meta["len"], (total, self._meta["len"])
+        assert nodes == self._meta["nodes"], (nodes, self._meta["nodes"])
+        return nodes

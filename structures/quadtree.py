@@ -66,6 +66,13 @@ written once per batch instead of once per point, which is how a stream job shou
 :class:`~mlcache.structures.PlainQuadtree` (in ``_quadtree_plain``) is the very same code over
 a plain ``dict`` of nodes, the all-in-heap baseline of ``mlcache bench events``; it keeps no
 sizes.
+
+The code is in parts: this module has the inserts and splits (``_QuadtreeOps``) and the
+cacheable tree's node store; ``_quadtree_shrink`` removes, prunes and merges;
+``_quadtree_query`` has the queries and ``verify``; ``_quadtree_pages`` the page numbering,
+node keys and the checks on what is read back; ``_quadtree_geometry`` the node layout,
+packed points and sizes. (What the application allocates for nodes, inserts and splits, stays
+here: ``mlcache bench events`` counts node memory by the file that allocates it.)
 """
 from __future__ import annotations
 
@@ -74,27 +81,24 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-import msgpack
-
 from mlcache._readpath import MISSING as _MISSING
-from mlcache.levels.heap import _alloc
 
 from ._quadtree_geometry import ANY as _ANY
-from ._quadtree_geometry import (ASCII, COUNT, DEPTH, FLOAT_POINT, INNER_SIZE, KIDS, LEAF_SIZE,
-                                 PACKED_HEAD, PACKED_POINT, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1,
-                                 Point, _check_bounds, _child_bounds, _min_of, _min_ts, _quadrant,
-                                 _quadtree_meta, _recs, ascii_strings, chars, data_size, doubles,
-                                 flat_points,
-                                 n_points, node_size, pack_values, packed_points,
-                                 points_size)
+from ._quadtree_geometry import (ASCII, COUNT, DEPTH, INNER_SIZE, KIDS, LEAF_SIZE, PACKED_HEAD,
+                                 PACKED_POINT, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1, Point,
+                                 _check_bounds, _child_bounds, _min_of, _quadrant, _quadtree_meta,
+                                 _recs, ascii_strings, chars, data_size, doubles, flat_points,
+                                 node_size, pack_values, packed_points, points_size)
 from ._quadtree_geometry import NODE_CODEC as _NODE_CODEC
-from ._quadtree_query import _QuadtreeQueries
+from ._quadtree_pages import (_ID_KEYS, _PAGE_HEAD, _PAGE_INNER, _PAGE_LEN, _PAGE_SHIFT, _SLOT,
+                              _id_key, _loaded_size, _upgrade)
+from ._quadtree_shrink import _QuadtreeShrink
 from .base import Cacheable
 
 __all__ = ["CacheableQuadtree", "Point"]
 
 
-class _QuadtreeOps(_QuadtreeQueries):
+class _QuadtreeOps(_QuadtreeShrink):
     """The algorithms, written against ``self._nodes``/``_node``/``_keep``/``_forget``,
     ``self._meta`` and ``self._save_meta()``; shared by the cacheable and the plain tree.
     ``_sized``: whether nodes keep their ``size`` (the plain tree has no heap to tell)."""
@@ -341,141 +345,6 @@ class _QuadtreeOps(_QuadtreeQueries):
             elif sized:
                 child[SIZE] = LEAF_SIZE + points_size(cpts)
 
-    # -- remove and merge --------------------------------------------------------------------
-
-    def remove(self, x: float, y: float, data: Any = _ANY) -> Point:
-        """Remove one point at ``(x, y)`` (with this ``data`` if given) and return it;
-        ``ValueError`` if there is none, like ``list.remove``."""
-        path: list[tuple[int, list]] = []
-        nid = ROOT
-        while True:
-            node = self._node(nid)
-            if node is None:
-                raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
-            path.append((nid, node))
-            if node[KIDS] is None:
-                break
-            nid = node[KIDS][_quadrant(node, x, y)]
-        pts = flat_points(node[PTS])
-        stored = _ANY if data is _ANY else self._store(data)
-        for j in range(0, len(pts), 4):
-            if pts[j] == x and pts[j + 1] == y and (stored is _ANY or pts[j + 2] == stored):
-                break
-        else:
-            raise ValueError(f"point ({x!r}, {y!r}) is not in the quadtree")
-        rec = pts[j:j + 4]
-        # change copies: merging below reads nodes, and a failed read must leave these as
-        # they were (the heap holds the originals)
-        path = [(pid, n[:]) for pid, n in path]
-        node = path[-1][1]
-        node[PTS] = packed_points(pts[:j] + pts[j + 4:])
-        for _, n in path:
-            n[COUNT] -= 1
-        self._resize(node)
-        touched: dict[int, list] = dict(path)
-        gone: list[int] = []
-        for pid, parent in reversed(path[:-1]):
-            if parent[COUNT] > self._merge_below():
-                break
-            self._collapse(parent, touched, gone)
-        for nid in gone:
-            touched.pop(nid, None)
-        self._keep(list(touched.items()))
-        if gone:
-            self._forget(gone)
-        self._meta["len"] -= 1
-        self._save_meta()
-        return self._as_point(rec)
-
-    def _merge_below(self) -> int:
-        return int(self._meta["capacity"]) // 2
-
-    def _collapse(self, node: list, touched: dict[int, list], gone: list[int]) -> None:
-        """Turn an inner node (a copy the caller owns) into a leaf holding all its subtree's
-        points."""
-        points: list = []
-        tmin = None
-        before = len(gone)
-        frontier = list(node[KIDS])
-        while frontier:
-            found = self._nodes([k for k in frontier if k not in touched])
-            nxt = []
-            for kid in frontier:
-                child = touched[kid] if kid in touched else found[kid]
-                gone.append(kid)
-                if child[KIDS] is None:
-                    flat = flat_points(child[PTS])
-                    points.extend(flat)
-                    tmin = _min_ts(tmin, _min_of(flat[3::4]))
-                else:
-                    nxt.extend(child[KIDS])
-            frontier = nxt
-        self._meta["nodes"] -= len(gone) - before
-        node[KIDS], node[PTS] = None, packed_points(points)
-        node[COUNT], node[TMIN] = len(points) // 4, tmin
-        self._resize(node)
-
-    # -- prune -------------------------------------------------------------------------------
-
-    def prune(self, predicate: Callable[[Point], bool]) -> int:
-        """Remove every point for which ``predicate(point)`` is true; returns how many.
-        Subtrees left under-full are merged."""
-        return self._prune(lambda rec: bool(predicate(self._as_point(rec))), None)
-
-    def prune_older(self, t: float) -> int:
-        """Remove points with a timestamp ``< t`` (points without one stay); returns how many."""
-        return self._prune(lambda rec: rec[3] is not None and rec[3] < t, t)
-
-    def _prune(self, drop: Callable[[list], bool], t: float | None) -> int:
-        touched: dict[int, list] = {}
-        gone: list[int] = []
-        root = self._node(ROOT)
-        if root is None:
-            return 0
-        removed = self._prune_node(ROOT, root, drop, t, touched, gone)
-        for nid in gone:
-            touched.pop(nid, None)
-        if touched:
-            self._keep(list(touched.items()))
-        if gone:
-            self._forget(gone)
-        if removed:
-            self._meta["len"] -= removed
-            self._save_meta()
-        return removed
-
-    def _prune_node(self, nid: int, node: list, drop: Callable[[list], bool], t: float | None,
-                    touched: dict[int, list], gone: list[int]) -> int:
-        """Prune the subtree of ``node``; a changed node goes to ``touched`` as a copy."""
-        if node[COUNT] == 0 or (t is not None and (node[TMIN] is None or node[TMIN] >= t)):
-            return 0
-        if node[KIDS] is None:
-            pts = node[PTS]
-            keep = [v for rec in _recs(pts) if not drop(rec) for v in rec]
-            removed = n_points(pts) - len(keep) // 4
-            if removed:
-                node = node[:]
-                node[PTS], node[COUNT], node[TMIN] = (packed_points(keep), len(keep) // 4,
-                                                      _min_of(keep[3::4]))
-                self._resize(node)
-                touched[nid] = node
-            return removed
-        kids = node[KIDS]
-        found = self._nodes(kids)
-        removed = 0
-        tmin = None
-        for kid in kids:
-            removed += self._prune_node(kid, found[kid], drop, t, touched, gone)
-            tmin = _min_ts(tmin, touched.get(kid, found[kid])[TMIN])
-        if removed:
-            node = node[:]
-            node[COUNT] -= removed
-            node[TMIN] = tmin
-            touched[nid] = node
-            if node[COUNT] <= self._merge_below():
-                self._collapse(node, touched, gone)
-        return removed
-
     # -- whole tree --------------------------------------------------------------------------
 
     def clear(self) -> None:
@@ -493,51 +362,6 @@ class _QuadtreeOps(_QuadtreeQueries):
 
     def _empty_meta(self) -> dict[str, Any]:
         return {**self._meta, "len": 0, "nodes": 1, "next": 1}
-
-    def verify(self) -> int:
-        """Check every structural invariant (counts, bounds, timestamps, merge threshold,
-        sizes); raise ``AssertionError`` on the first violation; return the number of nodes."""
-        nodes = 0
-        total = 0
-        merge_below = self._merge_below()
-        if self._node(ROOT) is None:
-            assert self._meta["len"] == 0 and self._meta["nodes"] == 1
-            return 0
-        sized = self._sized
-
-        def visit(node: list) -> bool:
-            nonlocal nodes, total
-            nodes += 1
-            if sized:
-                assert node[SIZE] == node_size(node), ("size", node[SIZE], node_size(node))
-            if node[KIDS] is None:
-                pts = node[PTS]
-                assert node[COUNT] == n_points(pts), node
-                if pts and type(pts[0]) is bytes:
-                    assert len(pts[0]) == 24 * (len(pts) - 1), node
-                for rec in _recs(pts):
-                    assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
-                    assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
-                assert node[COUNT] <= self._meta["capacity"] or \
-                    node[DEPTH] >= self._meta["max_depth"], "leaf over capacity"
-                total += node[COUNT]
-                return False
-            assert node[PTS] is None and len(node[KIDS]) == 4
-            kids = self._nodes(node[KIDS])
-            assert sum(kids[k][COUNT] for k in node[KIDS]) == node[COUNT], "count mismatch"
-            assert node[COUNT] > merge_below, "under-full inner node not merged"
-            for q, k in enumerate(node[KIDS]):
-                assert tuple(kids[k][:4]) == _child_bounds(node, q)
-                assert kids[k][DEPTH] == node[DEPTH] + 1
-                if kids[k][TMIN] is not None:
-                    assert node[TMIN] is not None and node[TMIN] <= kids[k][TMIN]
-            return True
-
-        self._walk(visit)
-        assert total == self._meta["len"], (total, self._meta["len"])
-        assert nodes == self._meta["nodes"], (nodes, self._meta["nodes"])
-        return nodes
-
 
 class CacheableQuadtree(_QuadtreeOps, Cacheable):
     """A quadtree whose nodes live in the cache levels.
@@ -791,78 +615,5 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
                 f"bounds={tuple(self._meta.get('bounds', ()))}>")
 
 
-_PAGE_SHIFT = 9
-_SLOT = (1 << _PAGE_SHIFT) - 1
-# per page_levels: the slots of a page (4 + 16 + ...) and the first slot whose children
-# start a page of their own
-_PAGE_LEN = {k: sum(4 ** (i + 1) for i in range(k)) for k in (1, 2, 3, 4)}
-_PAGE_INNER = {k: _PAGE_LEN[k] - 4 ** k for k in _PAGE_LEN}
-# the memory of a page's list of slots (the nodes are charged their own sizes)
-_PAGE_HEAD = {n: 64 + _alloc(8 * n) for n in _PAGE_LEN.values()}
 _size_of = itemgetter(SIZE)
 _TS = itemgetter(2)      # of an (x, y, ts) triple
-
-
-# msgpack of the node ids 0, 1, 2, ...: a node's key is its tree's prefix and this (what
-# mlcache.keys.encode_key gives for an int), grown on demand up to _ID_TABLE_MAX ids.
-_ID_KEYS: list[bytes] = []
-_ID_TABLE_MAX = 1 << 16
-_MIN_POINT = FLOAT_POINT + 32   # a point with float coordinates and the smallest datum (None)
-_MIN_PACKED = PACKED_POINT + 32   # a packed point with the smallest datum
-
-
-def _id_key(nid: int) -> bytes:
-    table = _ID_KEYS
-    if nid < len(table):
-        return table[nid]
-    if nid < _ID_TABLE_MAX:
-        table.extend(msgpack.packb(i) for i in range(len(table), min(_ID_TABLE_MAX,
-                                                                     2 * nid + 64)))
-        return table[nid]
-    return msgpack.packb(nid)
-
-
-def _loaded_size(value: Any) -> int | None:
-    """The size a node or a page read back from a level carries, if it is plausible: an
-    inner node's is fixed, a leaf's at least what its points take with the smallest data (a
-    wrong one from a damaged entry would otherwise let the heap hold more than its budget), a
-    page's its slots' and its nodes'; else None, and the heap weighs the value itself."""
-    if type(value) is not list:
-        return None
-    head = _PAGE_HEAD.get(len(value))
-    if head is None or type(value[0]) is float:   # a node (a page's slot 0 is one or None)
-        return _node_loaded_size(value)
-    total = head
-    for node in value:
-        if node is not None:
-            size = _node_loaded_size(node)
-            if size is None:
-                return None
-            total += size
-    return total
-
-
-def _node_loaded_size(node: Any) -> int | None:
-    if type(node) is not list or len(node) != 10 or type(node[SIZE]) is not int:
-        return None
-    if node[KIDS] is not None:
-        return INNER_SIZE if node[SIZE] == INNER_SIZE else None
-    pts = node[PTS]
-    if type(pts) is not list:
-        return None
-    if pts and type(pts[0]) is bytes:
-        n = len(pts) - 1
-        if len(pts[0]) != 24 * n or node[SIZE] < LEAF_SIZE + PACKED_HEAD + _MIN_PACKED * n:
-            return None
-    elif node[SIZE] < LEAF_SIZE + _MIN_POINT * (len(pts) >> 2):
-        return None
-    return int(node[SIZE])
-
-
-def _upgrade(blob: Any) -> list:
-    """A node as an earlier version stored it (one msgpack blob of the first nine fields);
-    the next change of the node writes it back in the current form."""
-    node = _NODE_CODEC.decode(blob)
-    node.append(0)
-    node[SIZE] = node_size(node)
-    return node
