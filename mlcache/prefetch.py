@@ -95,6 +95,7 @@ from typing import Any, Iterator
 
 from mlcache.policies.base import BasePolicy
 
+from ._batchreads import _FAILED_MAX, BatchReads
 from ._hints import HintBuffer, HotKeyFilter, _make_filter
 from ._lookahead import DepthController, RecordKeyError, prefetching
 from ._readpath import _Load
@@ -102,10 +103,6 @@ from ._readpath import _Load
 __all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError",
            "prefetching"]
 
-_FAILED_MAX = 65536
-_SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
-_INLINE_WAIT_SHARE = 0.5  # inline batches' waits above this share of the loop -> threads
-_PROBE_EVERY = 64       # thread batches between two inline batches that re-measure the cost
 _MISSING: Any = object()
 
 
@@ -142,7 +139,7 @@ def quantile(data: list[float], q: float) -> float | None:
     return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
 
 
-class Prefetcher:
+class Prefetcher(BatchReads):
     """The manager's prefetch engine: hint buffer, hot-key filter, fetch threads, statistics."""
 
     def __init__(self, manager: Any) -> None:
@@ -218,16 +215,6 @@ class Prefetcher:
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
             self._reset()
-
-    def _ensure_threads(self) -> None:
-        if len(self._threads) >= self.config.fetch_threads or self._closed:
-            return
-        with self._lock:
-            while len(self._threads) < self.config.fetch_threads:
-                t = threading.Thread(target=_fetch_loop, args=(weakref.ref(self),),
-                                     name=f"mlcache-prefetch-{len(self._threads)}", daemon=True)
-                self._threads.append(t)
-                t.start()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the fetch threads and forget queued hints (the manager calls it from close)."""
@@ -433,127 +420,6 @@ class Prefetcher:
                 if not self._demand:
                     self._cond.notify_all()
 
-    # -- fetch side -------------------------------------------------------------------------
-
-    def _next_batch(self) -> list[tuple[bytes, float, float]] | None:
-        """Block until a batch is available; ``None`` when the fetcher should exit."""
-        lateness = self.config.lateness or 0.0
-        with self._cond:
-            while True:
-                if self._closed or self._pid != os.getpid():
-                    return None
-                if self._buffer.pending and not self._demand and not self._thread_idle():
-                    batch, late = self._buffer.take(self.config.batch_size,
-                                                    self.watermark - lateness)
-                    self.counters["dropped_late"] += late
-                    self._backlog.append(len(self._buffer.pending))
-                    if batch:
-                        return batch
-                    continue
-                self._cond.wait(0.05 if self._demand or self._buffer.pending else 1.0)
-                if self._mref() is None:
-                    return None
-
-    def _thread_idle(self) -> bool:
-        """Lock held: whether fetch threads should take no batch now."""
-        if (self.inline or self._probing) and self._consumers:
-            return True      # the operator reads batches itself
-        return bool(self._consumers) and (self._staged_bytes >= self.staged_max_bytes
-                                          or len(self._staged) >= self.staged_max_keys)
-
-    def _fetch(self, batch: list[tuple[bytes, float, float]], inline: bool = False) -> None:
-        m = self._mref()
-        keys = [kb for kb, _, _ in batch]
-        t_start = time.perf_counter()
-        if not inline and self._consumers and m is not None:
-            self._fetch_staged(m, batch, t_start)
-            return
-        cpu0 = time.thread_time() if inline else 0.0
-        error: BaseException | None = None
-        loaded: dict = {}
-        if m is not None:
-            try:
-                # A key that became resident meanwhile needs no load, only the policy's hint
-                # (the manager would answer it from the heap, but it was not prefetched).
-                todo = []
-                for kb, ts, _ in batch:
-                    if m._resident(kb):
-                        if self._policy_hints:
-                            m._policy_hint(kb, ts)
-                    else:
-                        todo.append(kb)
-                if todo:
-                    # One batch = one get_many per level. Keys are inserted at the policy's
-                    # "now" (ts=None) and then hinted with their own expected use: inserting
-                    # at a future ts would move TAC's clock ahead of the records in flight.
-                    loaded = m._load_into_heap(todo, None, prefetch=True)
-                    if self._policy_hints and loaded:
-                        # one hold of the manager's (re-entrant) lock for the whole batch
-                        with m._lock:
-                            m._apply_reads()
-                            hint, data = m._heap.policy.hint, m._data
-                            for kb, ts, _ in batch:
-                                if kb in loaded and kb in data:
-                                    hint(kb, ts)
-            except BaseException as exc:  # a backend failure must not kill the fetch thread
-                error = exc
-        now = time.perf_counter()
-        if inline and error is None:
-            self._measure_inline(t_start, now, cpu0, time.thread_time())
-        with self._lock:
-            self.counters["batches"] += 1
-            if inline:
-                self.counters["inline_batches"] += 1
-            self.batch_latency.add(now - t_start)
-            if error is not None:
-                self._buffer.done(keys)
-                self.counters["failures"] += 1
-                if len(self._failed) + len(keys) > _FAILED_MAX:
-                    self._failed.clear()
-                for kb in keys:
-                    self._failed[kb] = error
-                    self._used_inflight.discard(kb)
-                if inline and not isinstance(error, Exception):
-                    # On the caller's thread a KeyboardInterrupt (or SystemExit) is the
-                    # caller's, not a failed read to fall back from: the batch's keys are
-                    # released above, and it goes on up.
-                    raise error
-                return
-            used = self._used_inflight
-            for kb, _, t0 in batch:
-                was_used = kb in used
-                if was_used:
-                    used.discard(kb)
-                if kb in loaded:
-                    if inline:
-                        # The operator chose when to read this batch: the time the key
-                        # waited for it was its own pacing, not a fetch latency. Both the
-                        # latency and the slack are measured from the read's start (else the
-                        # depth controller would see a latency growing with the depth).
-                        t0 = t_start
-                    self.fetch_latency.add(now - t0)
-                    if not was_used:
-                        self._landed[kb] = t0
-            self.counters["prefetched"] += len(loaded)
-            self._buffer.done(keys)          # after _landed: see note_use's fast path
-        if now - self._last_sweep > _SWEEP_INTERVAL:
-            self._sweep(m)
-
-    def _sweep(self, m: Any = None) -> None:
-        """Count prefetched keys that left the heap unused as wasted."""
-        m = m if m is not None else self._mref()
-        if m is None:
-            return
-        self._last_sweep = time.perf_counter()
-        with self._lock:
-            keys = list(self._landed)
-        gone = [kb for kb in keys if not m._resident(kb)]
-        if gone:
-            with self._lock:
-                for kb in gone:
-                    if self._landed.pop(kb, None) is not None:
-                        self.counters["wasted"] += 1
-
     # -- staging: fetch threads read, the operator's thread decodes and installs ----------
 
     def attach(self, operator: Any) -> None:
@@ -571,94 +437,6 @@ class Prefetcher:
             self._staged.clear()
             self._staged_bytes = 0
             self._cond.notify_all()
-
-    def pump(self, head: bytes | None, threshold: int) -> bool:
-        """Operator thread, between records: read a batch of queued keys here when batches are
-        read inline (or a probe of the inline cost is due), once ``threshold`` keys wait.
-        Returns whether a batch was read.
-
-        ``head`` (the key of the record about to be handed over) is left to that record: a
-        record's own wait is never hidden in the operator.
-        """
-        buf = self._buffer
-        probe = not self.inline
-        if probe and (self._thread_batches < _PROBE_EVERY or buf.inflight
-                      or self.config.fetch_mode != "auto"):
-            return False     # a probe waits until the fetch threads are between batches
-        if len(buf.pending) < threshold or self._closed:
-            return False
-        lateness = self.config.lateness or 0.0
-        with self._lock:
-            batch, late = buf.take(self.config.batch_size, self.watermark - lateness, head)
-            self.counters["dropped_late"] += late
-            self._thread_batches = 0
-            self._probing = probe   # threads take no batch meanwhile: the measure stays clean
-        try:
-            if batch:
-                self._fetch(batch, inline=True)
-        finally:
-            if probe:
-                with self._cond:
-                    self._probing = False
-                    self._cond.notify_all()
-        return bool(batch)
-
-    def _measure_inline(self, start: float, end: float, cpu0: float, cpu1: float) -> None:
-        """Choose where batches are read from what inline batches cost.
-
-        An inline batch's wall time not spent on CPU is a wait (for the level, or for a core)
-        that the record loop sits through; a fetch thread could overlap it, but every time the
-        thread needs the GIL back it forces a hand-off on the record loop (after up to the
-        switch interval, anywhere in a record's processing) and holds the GIL for its Python
-        work, stalling that record. So batches are read inline unless their waits take more
-        than ``_INLINE_WAIT_SHARE`` of the loop's time between batches: a slow remote store,
-        not a local disk or a loopback Redis.
-
-        On a loaded machine the thread is also off CPU while it waits for a core, which no
-        fetch thread can overlap; that share is measured on the loop's own work between two
-        batches (CPU time against wall time) and taken out of the batch's wait.
-        """
-        a = 0.25
-        wall, cpu = end - start, cpu1 - cpu0
-        last = self._last_inline_end
-        self._last_inline_end = (end, cpu1)
-        if last is not None:
-            gap_wall, gap_cpu = start - last[0], cpu0 - last[1]
-            if gap_wall > 0:
-                r = min(1.0, max(0.05, gap_cpu / gap_wall))
-                self._on_cpu = r if self._on_cpu is None else self._on_cpu + a * (r - self._on_cpu)
-            gap = end - last[0]
-            self._gap_s = gap if self._gap_s is None else self._gap_s + a * (gap - self._gap_s)
-        wait = max(0.0, wall - cpu / (self._on_cpu or 1.0))
-        self._cpu_s = cpu if self._cpu_s is None else self._cpu_s + a * (cpu - self._cpu_s)
-        waits = self._waits
-        if self._gap_s is None or self.config.fetch_mode != "auto":
-            waits.append(wait)
-            return
-        if self.inline:
-            # A remote store's round trip is a floor under every batch; a busy machine's
-            # stalls (a level server or this thread waiting for a core) come and go: judge by
-            # the least wait of the recent batches.
-            waits.append(wait)
-            if len(waits) < 4:
-                return
-            w = min(waits)
-            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
-        else:
-            # a probe (fetch threads paused): back inline as soon as a batch waits little
-            w = wait
-            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
-            if inline:
-                waits.clear()
-                waits.append(wait)
-        self._wait_s = w
-        if not inline:
-            self._last_inline_end = None     # the next inline batch is a probe, not the next
-        if inline != self.inline:
-            self.inline = inline
-            if not inline:
-                with self._cond:
-                    self._cond.notify_all()
 
     def _fetch_staged(self, m: Any, batch: list[tuple[bytes, float, float]],
                       t_start: float) -> None:
@@ -886,19 +664,6 @@ class Prefetcher:
         b = self._buffer
         return len(self._landed) + len(self._staged) + len(b.pending) + len(b.inflight)
 
-    @property
-    def saturated(self) -> bool:
-        """The fetch threads cannot keep up: after a batch is taken, typically more than every
-        thread's next batch is still waiting.
-
-        Then the fetch latency is mostly queueing, and a deeper read-ahead only lengthens the
-        queue (and the time prefetched entries wait in the heap).
-        """
-        b = self._backlog
-        if len(b) < 8:
-            return False
-        return sorted(b)[len(b) // 2] >= self.config.batch_size * self.config.fetch_threads
-
     # -- statistics -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -933,15 +698,3 @@ class Prefetcher:
 
 def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000.0, 4)
-
-
-def _fetch_loop(pref: "weakref.ref[Prefetcher]") -> None:
-    while True:
-        p = pref()
-        if p is None:
-            return
-        batch = p._next_batch()
-        if batch is None:
-            return
-        p._fetch(batch)
-        del p

@@ -1,0 +1,329 @@
+"""Where and how queued hints are read: fetch threads, inline batches, and the choice between
+them.
+
+Part of keyed prefetching (:mod:`mlcache.prefetch`), kept apart as its I/O side. Keys are taken
+from the hint buffer oldest first, ``batch_size`` at a time, each batch one ``get_many`` per
+level; no batch starts while a demand fetch of the lookahead operator runs
+(``Prefetcher.demand``), and the manager's lock is never held during I/O. A batch is read by
+
+* a fetch thread: daemons, made on the first queued hint, holding only a weak reference to the
+  prefetcher. With a lookahead operator attached they only read and stage the raw bytes
+  (:mod:`mlcache._staging`); without one they load the keys into the heap themselves;
+* the operator's own thread, between records (``pump``): "inline", keys loaded at once.
+
+Why both: a fetch thread returning from I/O forces a GIL hand-off on the record loop (after up
+to the switch interval, anywhere in a record's processing) and then holds the GIL for its
+Python work. With ``fetch_mode="auto"`` (``_measure_inline``) batches are read inline unless
+their waits -- wall time off CPU, less the share the loop itself spends waiting for a core --
+exceed ``_INLINE_WAIT_SHARE`` of the loop's time between batches, as with a slow remote store;
+then the threads read them, and every ``_PROBE_EVERY`` thread batches one inline batch measures
+again. After the batches, a periodic sweep counts prefetched keys evicted unused as wasted.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._hints import HintBuffer
+
+if TYPE_CHECKING:
+    from .prefetch import Prefetcher, _Window
+
+__all__ = ["BatchReads"]
+
+_FAILED_MAX = 65536
+_SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
+_INLINE_WAIT_SHARE = 0.5  # inline batches' waits above this share of the loop -> threads
+_PROBE_EVERY = 64       # thread batches between two inline batches that re-measure the cost
+
+
+class BatchReads:
+    """Mixin for Prefetcher: the fetch threads, inline batches and the choice between them,
+    the sweep for wasted prefetches. Uses the prefetcher's lock, buffer and statistics."""
+
+    config: Any
+    counters: dict[str, int]
+    watermark: float
+    inline: bool
+    staged_max_bytes: int
+    staged_max_keys: int
+    fetch_latency: _Window
+    batch_latency: _Window
+    _mref: Callable[[], Any]
+    _pid: int
+    _lock: threading.Lock
+    _cond: threading.Condition
+    _buffer: HintBuffer
+    _threads: list[threading.Thread]
+    _closed: bool
+    _demand: int
+    _policy_hints: bool
+    _landed: dict[bytes, float]
+    _failed: dict[bytes, BaseException]
+    _used_inflight: set[bytes]
+    _last_sweep: float
+    _backlog: deque[int]
+    _staged: dict[bytes, tuple[bytes, float, float, int]]
+    _staged_bytes: int
+    _consumers: weakref.WeakSet[Any]
+    _wait_s: float | None
+    _cpu_s: float | None
+    _gap_s: float | None
+    _waits: deque[float]
+    _probing: bool
+    _last_inline_end: tuple[float, float] | None
+    _on_cpu: float | None
+    _thread_batches: int
+    _fetch_staged: Callable[[Any, list[tuple[bytes, float, float]], float], None]
+
+    # -- fetch threads ----------------------------------------------------------------------
+
+    def _ensure_threads(self) -> None:
+        if len(self._threads) >= self.config.fetch_threads or self._closed:
+            return
+        with self._lock:
+            while len(self._threads) < self.config.fetch_threads:
+                t = threading.Thread(target=_fetch_loop, args=(weakref.ref(self),),
+                                     name=f"mlcache-prefetch-{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+
+    def _next_batch(self) -> list[tuple[bytes, float, float]] | None:
+        """Block until a batch is available; ``None`` when the fetcher should exit."""
+        lateness = self.config.lateness or 0.0
+        with self._cond:
+            while True:
+                if self._closed or self._pid != os.getpid():
+                    return None
+                if self._buffer.pending and not self._demand and not self._thread_idle():
+                    batch, late = self._buffer.take(self.config.batch_size,
+                                                    self.watermark - lateness)
+                    self.counters["dropped_late"] += late
+                    self._backlog.append(len(self._buffer.pending))
+                    if batch:
+                        return batch
+                    continue
+                self._cond.wait(0.05 if self._demand or self._buffer.pending else 1.0)
+                if self._mref() is None:
+                    return None
+
+    def _thread_idle(self) -> bool:
+        """Lock held: whether fetch threads should take no batch now."""
+        if (self.inline or self._probing) and self._consumers:
+            return True      # the operator reads batches itself
+        return bool(self._consumers) and (self._staged_bytes >= self.staged_max_bytes
+                                          or len(self._staged) >= self.staged_max_keys)
+
+    def _fetch(self, batch: list[tuple[bytes, float, float]], inline: bool = False) -> None:
+        m = self._mref()
+        keys = [kb for kb, _, _ in batch]
+        t_start = time.perf_counter()
+        if not inline and self._consumers and m is not None:
+            self._fetch_staged(m, batch, t_start)
+            return
+        cpu0 = time.thread_time() if inline else 0.0
+        error: BaseException | None = None
+        loaded: dict = {}
+        if m is not None:
+            try:
+                # A key that became resident meanwhile needs no load, only the policy's hint
+                # (the manager would answer it from the heap, but it was not prefetched).
+                todo = []
+                for kb, ts, _ in batch:
+                    if m._resident(kb):
+                        if self._policy_hints:
+                            m._policy_hint(kb, ts)
+                    else:
+                        todo.append(kb)
+                if todo:
+                    # One batch = one get_many per level. Keys are inserted at the policy's
+                    # "now" (ts=None) and then hinted with their own expected use: inserting
+                    # at a future ts would move TAC's clock ahead of the records in flight.
+                    loaded = m._load_into_heap(todo, None, prefetch=True)
+                    if self._policy_hints and loaded:
+                        # one hold of the manager's (re-entrant) lock for the whole batch
+                        with m._lock:
+                            m._apply_reads()
+                            hint, data = m._heap.policy.hint, m._data
+                            for kb, ts, _ in batch:
+                                if kb in loaded and kb in data:
+                                    hint(kb, ts)
+            except BaseException as exc:  # a backend failure must not kill the fetch thread
+                error = exc
+        now = time.perf_counter()
+        if inline and error is None:
+            self._measure_inline(t_start, now, cpu0, time.thread_time())
+        with self._lock:
+            self.counters["batches"] += 1
+            if inline:
+                self.counters["inline_batches"] += 1
+            self.batch_latency.add(now - t_start)
+            if error is not None:
+                self._buffer.done(keys)
+                self.counters["failures"] += 1
+                if len(self._failed) + len(keys) > _FAILED_MAX:
+                    self._failed.clear()
+                for kb in keys:
+                    self._failed[kb] = error
+                    self._used_inflight.discard(kb)
+                if inline and not isinstance(error, Exception):
+                    # On the caller's thread a KeyboardInterrupt (or SystemExit) is the
+                    # caller's, not a failed read to fall back from: the batch's keys are
+                    # released above, and it goes on up.
+                    raise error
+                return
+            used = self._used_inflight
+            for kb, _, t0 in batch:
+                was_used = kb in used
+                if was_used:
+                    used.discard(kb)
+                if kb in loaded:
+                    if inline:
+                        # The operator chose when to read this batch: the time the key
+                        # waited for it was its own pacing, not a fetch latency. Both the
+                        # latency and the slack are measured from the read's start (else the
+                        # depth controller would see a latency growing with the depth).
+                        t0 = t_start
+                    self.fetch_latency.add(now - t0)
+                    if not was_used:
+                        self._landed[kb] = t0
+            self.counters["prefetched"] += len(loaded)
+            self._buffer.done(keys)          # after _landed: see note_use's fast path
+        if now - self._last_sweep > _SWEEP_INTERVAL:
+            self._sweep(m)
+
+    def _sweep(self, m: Any = None) -> None:
+        """Count prefetched keys that left the heap unused as wasted."""
+        m = m if m is not None else self._mref()
+        if m is None:
+            return
+        self._last_sweep = time.perf_counter()
+        with self._lock:
+            keys = list(self._landed)
+        gone = [kb for kb in keys if not m._resident(kb)]
+        if gone:
+            with self._lock:
+                for kb in gone:
+                    if self._landed.pop(kb, None) is not None:
+                        self.counters["wasted"] += 1
+
+    @property
+    def saturated(self) -> bool:
+        """The fetch threads cannot keep up: after a batch is taken, typically more than every
+        thread's next batch is still waiting.
+
+        Then the fetch latency is mostly queueing, and a deeper read-ahead only lengthens the
+        queue (and the time prefetched entries wait in the heap).
+        """
+        b = self._backlog
+        if len(b) < 8:
+            return False
+        return sorted(b)[len(b) // 2] >= self.config.batch_size * self.config.fetch_threads
+
+    # -- inline batches and the choice of where batches are read ------------------------
+
+    def pump(self, head: bytes | None, threshold: int) -> bool:
+        """Operator thread, between records: read a batch of queued keys here when batches are
+        read inline (or a probe of the inline cost is due), once ``threshold`` keys wait.
+        Returns whether a batch was read.
+
+        ``head`` (the key of the record about to be handed over) is left to that record: a
+        record's own wait is never hidden in the operator.
+        """
+        buf = self._buffer
+        probe = not self.inline
+        if probe and (self._thread_batches < _PROBE_EVERY or buf.inflight
+                      or self.config.fetch_mode != "auto"):
+            return False     # a probe waits until the fetch threads are between batches
+        if len(buf.pending) < threshold or self._closed:
+            return False
+        lateness = self.config.lateness or 0.0
+        with self._lock:
+            batch, late = buf.take(self.config.batch_size, self.watermark - lateness, head)
+            self.counters["dropped_late"] += late
+            self._thread_batches = 0
+            self._probing = probe   # threads take no batch meanwhile: the measure stays clean
+        try:
+            if batch:
+                self._fetch(batch, inline=True)
+        finally:
+            if probe:
+                with self._cond:
+                    self._probing = False
+                    self._cond.notify_all()
+        return bool(batch)
+
+    def _measure_inline(self, start: float, end: float, cpu0: float, cpu1: float) -> None:
+        """Choose where batches are read from what inline batches cost.
+
+        An inline batch's wall time not spent on CPU is a wait (for the level, or for a core)
+        that the record loop sits through; a fetch thread could overlap it, but every time the
+        thread needs the GIL back it forces a hand-off on the record loop (after up to the
+        switch interval, anywhere in a record's processing) and holds the GIL for its Python
+        work, stalling that record. So batches are read inline unless their waits take more
+        than ``_INLINE_WAIT_SHARE`` of the loop's time between batches: a slow remote store,
+        not a local disk or a loopback Redis.
+
+        On a loaded machine the thread is also off CPU while it waits for a core, which no
+        fetch thread can overlap; that share is measured on the loop's own work between two
+        batches (CPU time against wall time) and taken out of the batch's wait.
+        """
+        a = 0.25
+        wall, cpu = end - start, cpu1 - cpu0
+        last = self._last_inline_end
+        self._last_inline_end = (end, cpu1)
+        if last is not None:
+            gap_wall, gap_cpu = start - last[0], cpu0 - last[1]
+            if gap_wall > 0:
+                r = min(1.0, max(0.05, gap_cpu / gap_wall))
+                self._on_cpu = r if self._on_cpu is None else self._on_cpu + a * (r - self._on_cpu)
+            gap = end - last[0]
+            self._gap_s = gap if self._gap_s is None else self._gap_s + a * (gap - self._gap_s)
+        wait = max(0.0, wall - cpu / (self._on_cpu or 1.0))
+        self._cpu_s = cpu if self._cpu_s is None else self._cpu_s + a * (cpu - self._cpu_s)
+        waits = self._waits
+        if self._gap_s is None or self.config.fetch_mode != "auto":
+            waits.append(wait)
+            return
+        if self.inline:
+            # A remote store's round trip is a floor under every batch; a busy machine's
+            # stalls (a level server or this thread waiting for a core) come and go: judge by
+            # the least wait of the recent batches.
+            waits.append(wait)
+            if len(waits) < 4:
+                return
+            w = min(waits)
+            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
+        else:
+            # a probe (fetch threads paused): back inline as soon as a batch waits little
+            w = wait
+            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
+            if inline:
+                waits.clear()
+                waits.append(wait)
+        self._wait_s = w
+        if not inline:
+            self._last_inline_end = None     # the next inline batch is a probe, not the next
+        if inline != self.inline:
+            self.inline = inline
+            if not inline:
+                with self._cond:
+                    self._cond.notify_all()
+
+
+def _fetch_loop(pref: weakref.ref[Prefetcher]) -> None:
+    """A fetch thread: read batches until the prefetcher closes, forks or is collected."""
+    while True:
+        p = pref()
+        if p is None:
+            return
+        batch = p._next_batch()
+        if batch is None:
+            return
+        p._fetch(batch)
+        del p
