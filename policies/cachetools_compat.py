@@ -144,9 +144,11 @@ class _PolicyCache(cachetools.Cache):
                     for victim in p._add(key, 1, False):
                         del data[victim]
                     return
-            p._window[key] = 1
-            pop = self._wpop  # (the OrderedDict's bound popitem: see __getitem__)
-            cand = pop(False)[0]
+            window = p._window
+            window[key] = 1
+            for cand in window:
+                break
+            del window[cand]
             m = hash((cand, p._seed))
             mask = p._mask
             i = m & mask
@@ -282,7 +284,6 @@ class _PolicyCache(cachetools.Cache):
         self._move = self._hot.move_to_end
         self._logged = getattr(policy, "_logged", None) or [].append
         if own:
-            self._wpop = policy._window.popitem
             self._settle = policy._settle
 
     def clear(self) -> None:

@@ -243,3 +243,32 @@ def test_baselines_never_make_the_newcomer_their_victim(name):
     victims = policy.insert("d")
     assert victims and "d" not in victims and "d" in policy
     assert policy.insert("huge", weight=4) == ["huge"] and len(policy) == 3
+
+
+def test_wtinylfu_window_kind_does_not_change_decisions(monkeypatch):
+    # The window is a plain dict while its target is small and an OrderedDict past
+    # _SMALL_WINDOW (WTinyLFUPolicy._shape_window); the representation must never change a
+    # decision. A trace whose window target crosses the threshold both ways plays the same
+    # (hits and resident keys) with the threshold as shipped, with an OrderedDict window
+    # always and with a dict window always.
+    from mlcache.bench.policies import _memoize_pass
+    from mlcache.policies import wtinylfu
+    from mlcache.policies.cachetools_compat import TinyLFUCache
+    from mlcache.sim import zipf
+
+    keys = zipf(30_000, n_keys=20_000, alpha=0.9, seed=11).keys
+    keys += list(range(50_000, 53_500)) * 2 + zipf(10_000, n_keys=20_000, alpha=0.9, seed=12).keys
+    outcomes, kinds = [], set()
+    for small in (wtinylfu._SMALL_WINDOW, 0, 10**9):
+        monkeypatch.setattr(wtinylfu, "_SMALL_WINDOW", small)
+        cache = TinyLFUCache(3000)
+        hits = 0
+        for i in range(0, len(keys), 500):
+            hits += _memoize_pass(cache, keys[i:i + 500])[0]
+            kinds.add((small, type(cache._policy._window).__name__))
+        result = play(wtinylfu.WTinyLFUPolicy(3000), keys)
+        assert result.hits == hits
+        outcomes.append((hits, sorted(cache)))
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert {k for s, k in kinds if s == 64} == {"dict", "OrderedDict"}  # both ways, as shipped
+    assert {k for s, k in kinds if s != 64} == {"dict", "OrderedDict"}
