@@ -27,7 +27,7 @@ bit of ``bitmap >> k``), so an entry is one contiguous run whenever one exists: 
 copy, read with one slice, freed with one merge. Only when no run is long enough are the
 longest runs chained (still one copy each), and only when no block is free is a buffer mapped,
 so the bound logic is Pravega's: free blocks first, then new buffers. This module only stores;
-:mod:`mlcache.levels.arena` owns the index, the bound and the policy.
+:mod:`mlcache.levels.arena` owns the index, :mod:`._arena_bound` the bound and the policy.
 """
 from __future__ import annotations
 

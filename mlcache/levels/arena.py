@@ -40,12 +40,13 @@ not fit, the arena asks for victims by shrinking the policy's capacity to what m
 (``resize``) and restoring it. Victims are read out and returned as ``(key, value)`` pairs
 (the Level contract); on the store of record (``may_evict=False``) a batch that does not fit
 raises :class:`CapacityError` and changes nothing, and so does an entry larger than the whole
-arena anywhere.
+arena anywhere. The charges, the fit and the eviction are :mod:`mlcache.levels._arena_bound`.
 
 The hot paths (``put``, ``get``, ``get_many`` of one key, ``delete``) are closures written out
 for the common case -- a new or same-size key that fits without eviction in a free run, a
 contiguous entry -- and fall back to the general methods otherwise (the per-op cost is Python
-work, so every call and attribute lookup shows; see docs/implementation/arena.md).
+work, so every call and attribute lookup shows; see docs/implementation/arena.md). They are
+:mod:`mlcache.levels._arena_hotpaths`.
 
 Threads. Writers (put, append, delete, eviction, close) take the level's lock. With ``lru``,
 reads do not: they look the key up, copy the entry with one slice of the mmap, and keep the
@@ -65,35 +66,22 @@ Reads copy exactly once, into the ``bytes`` the caller owns (``get_many``); :met
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
-from itertools import islice
 from typing import Any, Iterator, Sequence
 
 from ..config import ArenaConfig
-from ..errors import CapacityError, LevelUnavailableError
+from ..errors import LevelUnavailableError
 from ..policies import get_policy
-from ._blocks import _ADDR, _CONTIG, _FREE, _PAGE, BUFFER_OVERHEAD, BlockStore
+from ._arena_bound import _SMALL_KEY, ENTRY_OVERHEAD, LEVEL_OVERHEAD, ArenaBound, _as_view
+from ._arena_hotpaths import bind_hot_paths
+from ._blocks import _ADDR, _CONTIG, _PAGE, BUFFER_OVERHEAD
 from .base import Victims
 
 __all__ = ["ArenaLevel", "ENTRY_OVERHEAD", "BUFFER_OVERHEAD", "LEVEL_OVERHEAD"]
 
-ENTRY_OVERHEAD = 448     # per entry besides len(key): index dict slot, key object, int, policy
-LEVEL_OVERHEAD = 16384   # the level object, its lists, lock and an empty policy
-_SMALL_KEY = 4096        # keys up to this long skip the size check with small values
 
 
-def _as_view(value: Any, key: Any) -> Any:
-    """A 1-D unsigned-byte view of a bytes-like ``value`` (bytes pass through unchanged)."""
-    if type(value) is bytes:
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        view = memoryview(value)
-        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-    raise TypeError(f"arena values must be bytes-like, got {type(value).__name__} for key {key!r}")
-
-
-class ArenaLevel(BlockStore):
+class ArenaLevel(ArenaBound):
     """Serialized entries in preallocated blocks, bounded to the byte (see the module doc)."""
 
     shared = False
@@ -134,17 +122,10 @@ class ArenaLevel(BlockStore):
         # a longer key or value is checked before anything changes (_check_batch).
         self._small = self._max_blocks(ENTRY_OVERHEAD + _SMALL_KEY) * bs
         self.evictions = 0
-        self._bind_hot_paths()
+        bind_hot_paths(self)
 
-    # -- accounting ---------------------------------------------------------------------------
-
-    def used_bytes(self) -> int:
-        """Bytes held by live entries: their blocks plus their index charge."""
-        return self._used_blocks * self.block_size + self._index_bytes
-
-    def memory_bytes(self) -> int:
-        """Everything counted against ``max_bytes``: mapped buffers, index, fixed overhead."""
-        return self._fixed + self._allocated + self._index_bytes
+    # -- accounting (what counts against the bound: ``used_bytes``, ``memory_bytes``, in
+    # :mod:`._arena_bound`) ---------------------------------------------------------------------
 
     @property
     def data_bytes(self) -> int:
@@ -166,163 +147,6 @@ class ArenaLevel(BlockStore):
     def __contains__(self, key: object) -> bool:
         return key in self._index
 
-    def _fits(self, blocks: int, index_bytes: int) -> bool:
-        """Would ``blocks`` more blocks fit with the index at ``index_bytes``?"""
-        spare = self.max_bytes - self._fixed - self._allocated - index_bytes
-        if spare < 0:
-            return False
-        new_buffers = spare // self._buffer_cost
-        return blocks <= self._free_blocks + new_buffers * (self.blocks_per_buffer - 1)
-
-    def _max_blocks(self, charge: int) -> int:
-        """The most blocks one entry with this index charge could have in an empty arena."""
-        spare = self.max_bytes - self._fixed - charge
-        return max(0, spare // self._buffer_cost) * (self.blocks_per_buffer - 1)
-
-    def _too_big(self, key: bytes, size: int) -> CapacityError | None:
-        bs = self.block_size
-        blocks = (size + bs - 1) // bs or 1
-        most = self._max_blocks(ENTRY_OVERHEAD + len(key))
-        if blocks <= most:
-            return None
-        return CapacityError(
-            f"arena {self.name!r}: an entry of {size} bytes needs {blocks} blocks of {bs} bytes, "
-            f"but max_bytes={self.max_bytes} holds at most {most} blocks ({most * bs} bytes) "
-            f"after {self._fixed} bytes of fixed overhead, {self._buffer_cost - self.buffer_size}"
-            f" per buffer and {ENTRY_OVERHEAD + len(key)} for this key's index entry",
-            level=self.name, key=key)
-
-    # -- buffers and blocks -------------------------------------------------------------------
-
-    def _drop(self, key: bytes, packed: int) -> None:
-        """Forget ``key`` (a policy object already has) and free its blocks."""
-        del self._index[key]
-        bs = self.block_size
-        size = packed >> 33
-        blocks = (size + bs - 1) // bs or 1
-        self._data_bytes -= size
-        self._used_blocks -= blocks
-        self._index_bytes -= ENTRY_OVERHEAD + len(key)
-        if packed & _CONTIG:      # one run: give it back whole, merged with its free neighbours
-            j = packed & self._mask
-            self._free_run((packed & _ADDR) >> self._shift, j - blocks + 1, j)
-        else:
-            self._release(packed)
-
-    # -- eviction -----------------------------------------------------------------------------
-
-    def _make_room(self, blocks: int, charge: int, keep: bytes, sink: Victims | None) -> None:
-        """Evict through the policy until ``blocks`` blocks and ``charge`` index bytes fit.
-
-        ``keep`` is never chosen; victims go to ``sink`` as (key, value), or are dropped when
-        ``sink`` is None (a lossy store of record).
-        """
-        policy = self._policy
-        index = self._index
-        bs = self.block_size
-        while not self._fits(blocks, self._index_bytes + charge):
-            if not (self.may_evict or self.lossy) or len(index) <= (keep in index):
-                raise CapacityError(
-                    f"arena {self.name!r} is full: {blocks} more blocks "
-                    f"({blocks * bs} bytes) + {charge} index bytes do not fit; "
-                    f"{self.memory_bytes()} of max_bytes={self.max_bytes} in use"
-                    + ("" if self.may_evict or self.lossy else
-                       "; it is the store of record, so nothing was written"),
-                    level=self.name, key=keep)
-            short = max(0, blocks - self._free_blocks) * bs
-            over = self._fixed + self._allocated + self._index_bytes + charge - self.max_bytes
-            need = max(short, over, 1)
-            if policy is None:
-                # LRU: the least recently used entries are at the front of the index
-                count = 32
-                while True:
-                    chosen = []
-                    left = need
-                    front = self._oldest(count)
-                    for key, packed in front:
-                        if key != keep:
-                            chosen.append(key)
-                            left -= ((((packed >> 33) + bs - 1) // bs or 1) * bs
-                                     + ENTRY_OVERHEAD + len(key))
-                            if left <= 0:
-                                break
-                    if left <= 0 or len(front) < count:
-                        break
-                    count *= 4
-            else:
-                chosen = policy.resize(max(1, self.used_bytes() - need))
-                policy.resize(self.max_bytes)
-                if not chosen:      # the policy tracks nothing it may give up: oldest other
-                    chosen = [next(k for k, _ in self._oldest(2) if k != keep)]
-                    policy.remove(chosen[0])
-            self._evict(chosen, sink)
-
-    def _oldest(self, count: int) -> list[tuple[bytes, int]]:
-        """The first ``count`` index items, copied in one C call: lock-free readers move keys
-        to the end of the index, so Python code must not iterate over it directly."""
-        while True:
-            try:
-                return list(islice(self._index.items(), count))
-            except RuntimeError:    # moved during the copy (only if a finalizer ran): again
-                pass
-
-    def _evict(self, keys: list, sink: Victims | None) -> None:
-        for victim in keys:
-            packed = self._index.get(victim)
-            if packed is None:
-                continue
-            if sink is not None:
-                sink.append((victim, self._read(packed)))
-            self._drop(victim, packed)
-            self.evictions += 1
-
-    def _check_batch(self, items: Sequence[tuple[bytes, Any]]) -> Sequence[tuple[bytes, Any]]:
-        """Validate a batch before anything changes; normalise non-bytes values to views.
-
-        Raises TypeError for bad keys/values and CapacityError for an entry larger than the
-        arena, or, on a store of record, for a batch that does not fit.
-        """
-        small = self._small
-        fixed: list[tuple[bytes, Any]] | None = None
-        for n, (key, value) in enumerate(items):
-            if type(key) is not bytes:
-                raise TypeError(f"arena keys must be bytes, got {type(key).__name__}")
-            if type(value) is not bytes:
-                if fixed is None:
-                    fixed = list(items)
-                value = _as_view(value, key)
-                fixed[n] = (key, value)
-            size = len(value)
-            if size > small or len(key) > _SMALL_KEY:
-                error = self._too_big(key, size)
-                if error is not None:
-                    raise error
-        items = fixed if fixed is not None else items
-        if not (self.may_evict or self.lossy):
-            # Only the last value of a key counts: an earlier, larger one must not make an
-            # intermediate state overflow what the whole batch fits in.
-            items = list(dict(items).items())
-            self._check_store_of_record(items)
-        return items
-
-    def _check_store_of_record(self, items: Sequence[tuple[bytes, Any]]) -> None:
-        bs = self.block_size
-        final = {key: len(value) for key, value in items}
-        blocks = charge = 0
-        for key, size in final.items():
-            blocks += (size + bs - 1) // bs or 1
-            old = self._index.get(key)
-            if old is None:
-                charge += ENTRY_OVERHEAD + len(key)
-            else:
-                blocks -= ((old >> 33) + bs - 1) // bs or 1
-        if not self._fits(max(0, blocks), self._index_bytes + charge):
-            raise CapacityError(
-                f"arena {self.name!r} is full: a batch of {len(final)} entries needs {blocks} "
-                f"more blocks ({blocks * bs} bytes) + {charge} index bytes; "
-                f"{self.memory_bytes()} of max_bytes={self.max_bytes} in use; it is the store "
-                f"of record, so nothing was written", level=self.name)
-
     def _closed_lookup(self, key: bytes) -> None:
         self._check_open()
 
@@ -332,9 +156,9 @@ class ArenaLevel(BlockStore):
 
     # -- the Level protocol -------------------------------------------------------------------
     #
-    # The class methods below are the general, locked code. ``_bind_hot_paths`` shadows
+    # The class methods below are the general, locked code. ``bind_hot_paths`` shadows
     # ``get``, ``get_many``, ``put`` and ``delete`` on the instance with closures written out
-    # for the common case (see the module doc); they fall back to these methods.
+    # for the common case (see :mod:`._arena_hotpaths`); they fall back to these methods.
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if type(keys) is list and len(keys) == 1:
@@ -587,284 +411,6 @@ class ArenaLevel(BlockStore):
                 if self._policy is not None:
                     self._policy.remove(key)
                 self._drop(key, packed)
-
-    # -- the hot paths ------------------------------------------------------------------------
-
-    def _bind_hot_paths(self) -> None:
-        """Shadow ``get``, ``get_many``, ``put`` and ``delete`` with closures for the common
-        case (with ``lru``; another policy keeps the class methods).
-
-        Closures read the level's constants and containers from cells instead of attributes,
-        and are called without a bound method. They take the same decisions as the class
-        methods and hand anything unusual to them: a miss after close, a non-contiguous
-        entry, a value that needs checking, a write that needs eviction or a run split.
-
-        Reads are optimistic, without the lock (module doc): look the key up, copy the
-        entry's bytes with one slice of the mmap, and keep the copy only if the index still
-        holds the same ``packed`` object, so nothing changed the entry meanwhile; otherwise
-        read again under the lock.
-
-        The closures hold the level only weakly (they are its attributes; a strong reference
-        would make a cycle, and an arena dropped without ``close`` would keep its buffers
-        mapped until a full collection): the read path never needs it, and the write paths
-        take it once per call.
-        """
-        if self._policy is not None:
-            return
-        cls = type(self)
-        ref = weakref.ref(self)
-        locked_get = cls.get
-        general_get_many = cls.get_many
-        general_put_many = cls.put_many
-        lock = self._lock
-        acquire = lock.acquire
-        release = lock.release
-        index = self._index
-        lookup = index.get
-        pop = index.pop
-        touch = index.move_to_end                    # type: ignore[attr-defined]
-        maps = self._maps
-        views = self._views
-        lens_of = self._len
-        prev_of = self._prev
-        words_of = self._words
-        next_of = self._next
-        heads = self._heads
-        full = self._full_lens
-        free_lens = self._free_lens
-        drop = cls._drop
-        unlink = cls._unlink
-        push = cls._push
-        take = cls._take
-        store = cls._store
-        release_chain = cls._release
-
-        def level() -> "ArenaLevel":
-            me = ref()
-            if me is None:      # only a closure kept by a caller outlives its level
-                raise LevelUnavailableError("arena level is gone (dropped)",
-                                            level="arena")
-            return me
-        bs = self.block_size
-        shift = self._shift
-        mask = self._mask
-        big = self._big
-        wpb = self._wpb
-        bpb = self.blocks_per_buffer
-        small = self._small
-        small_charge = ENTRY_OVERHEAD + _SMALL_KEY
-        contig = _CONTIG
-        addr_mask = _ADDR
-        free = _FREE
-
-        def get(key: bytes) -> bytes | None:
-            packed = lookup(key)
-            if packed is None:
-                me = level()
-                if me._closed:
-                    me._check_open()
-                return None
-            if packed & contig:
-                size = packed >> 33
-                addr = packed & addr_mask
-                off = ((addr & mask) - (size - 1) // bs) * bs
-                try:
-                    data = maps[addr >> shift][off:off + size]
-                except (IndexError, ValueError):   # closed meanwhile: the locked read says so
-                    return locked_get(level(), key)
-                if lookup(key) is packed:          # the entry did not change while copied
-                    try:
-                        touch(key)
-                    except KeyError:               # deleted since: the read came first
-                        pass
-                    return data
-            return locked_get(level(), key)
-
-        def get_many(keys: Sequence[bytes]) -> list[bytes | None]:
-            if type(keys) is list and len(keys) == 1:
-                key = keys[0]                      # get() written out: the manager's read
-                packed = lookup(key)
-                if packed is None:
-                    me = level()
-                    if me._closed:
-                        me._check_open()
-                    return [None]
-                if packed & contig:
-                    size = packed >> 33
-                    addr = packed & addr_mask
-                    off = ((addr & mask) - (size - 1) // bs) * bs
-                    try:
-                        data = maps[addr >> shift][off:off + size]
-                    except (IndexError, ValueError):
-                        return [locked_get(level(), key)]
-                    if lookup(key) is packed:
-                        try:
-                            touch(key)
-                        except KeyError:
-                            pass
-                        return [data]
-                return [locked_get(level(), key)]
-            return general_get_many(level(), keys)
-
-        def put(key: bytes, value: Any) -> Victims:
-            self = level()
-            kind = type(value)
-            if type(key) is not bytes or (kind is not bytes and (
-                    kind is not memoryview or value.format != "B" or value.ndim != 1)) \
-                    or not self.may_evict:
-                return general_put_many(self, ((key, value),))
-            size = len(value)
-            charge = ENTRY_OVERHEAD + len(key)
-            if size > small or charge > small_charge:   # may not fit at all: checked first
-                return general_put_many(self, ((key, value),))
-            blocks = (size + bs - 1) // bs or 1
-            acquire()
-            try:
-                if self._closed:
-                    self._check_open()
-                old = lookup(key)
-                if old is not None:
-                    if old & contig and (((old >> 33) + bs - 1) // bs or 1) == blocks:
-                        # Same number of blocks, in one run: overwrite in place.
-                        last = old & addr_mask
-                        b = last >> shift
-                        j = last & mask
-                        off = (j - blocks + 1) * bs
-                        index[key] = last    # not contiguous: lock-free readers wait
-                        views[b][off:off + size] = value
-                        lens_of[b][j] = size - (blocks - 1) * bs
-                        index[key] = size << 33 | contig | last
-                        self._data_bytes += size - (old >> 33)
-                        touch(key)
-                        return []
-                    drop(self, key, old)
-                m = self._avail >> blocks
-                if not m or blocks >= big or blocks > self._free_blocks \
-                        or self._index_bytes + charge > self._index_room:
-                    victims: Victims = []
-                    store(self, key, value, victims)
-                    return victims
-                # The shortest free run that holds the entry (the lowest list at or above it).
-                c = blocks + (m & -m).bit_length() - 1
-                start = heads[c]
-                if c == big:
-                    tags = next_of[start >> shift]
-                    i = start & mask
-                    rest = tags[i] - blocks
-                    if rest >= big:        # a long run: cut from its tail, it stays linked
-                        tags[i] = rest
-                        tags[i + rest - 1] = rest
-                        start += rest
-                    else:
-                        start = take(self, blocks)[0]
-                else:                      # pop the head of an exact-length list
-                    words = words_of[start >> shift]
-                    fwd = words[(start & mask) * wpb]
-                    heads[c] = fwd
-                    if fwd:
-                        words_of[fwd >> shift][(fwd & mask) * wpb + 1] = 0
-                    else:
-                        self._avail &= ~(1 << c)
-                    if c > blocks:
-                        push(self, start + blocks, c - blocks)
-                self._free_blocks -= blocks
-                b = start >> shift
-                i = start & mask
-                off = i * bs
-                views[b][off:off + size] = value       # the one copy
-                lens = lens_of[b]
-                j = i + blocks - 1
-                if blocks > 1:             # every block but the last is full
-                    if blocks < 5:
-                        lens[i] = bs
-                        if blocks > 2:
-                            lens[i + 1] = bs
-                            if blocks > 3:
-                                lens[i + 2] = bs
-                    else:
-                        lens[i:j] = full[:blocks - 1]
-                lens[j] = size - (blocks - 1) * bs
-                prev_of[b][i] = 0          # first block; the links inside the run are in place
-                index[key] = size << 33 | contig | (start + blocks - 1)
-                self._index_bytes += charge
-                self._used_blocks += blocks
-                self._data_bytes += size
-                return []
-            finally:
-                release()
-
-        def delete(key: bytes) -> None:
-            self = level()
-            acquire()
-            try:
-                if self._closed:
-                    self._check_open()
-                packed = pop(key, None)
-                if packed is None:
-                    return
-                size = packed >> 33
-                blocks = (size + bs - 1) // bs or 1
-                self._data_bytes -= size
-                self._used_blocks -= blocks
-                self._index_bytes -= ENTRY_OVERHEAD + len(key)
-                if not packed & contig:
-                    release_chain(self, packed)
-                    return
-                last = packed & addr_mask
-                b = last >> shift
-                j = last & mask
-                i = j - blocks + 1
-                lens = lens_of[b]
-                if blocks < 5:
-                    lens[j] = free
-                    if blocks > 1:
-                        lens[i] = free
-                        if blocks > 2:
-                            lens[i + 1] = free
-                            if blocks > 3:
-                                lens[i + 2] = free
-                else:
-                    lens[i:j + 1] = free_lens[:blocks]
-                prev_of[b][i] = last - blocks      # back to the precomputed link
-                self._free_blocks += blocks
-                # _merge written out: join the free runs on either side, link the result
-                nxt = next_of[b]
-                base = b << shift
-                stays = False
-                if i > 1 and lens[i - 1] == free:
-                    n = nxt[i - 1]
-                    i -= n
-                    if n >= big:          # a long run on the left keeps its place
-                        stays = True
-                    else:
-                        unlink(self, base | i, n)
-                if j + 1 < bpb and lens[j + 1] == free:
-                    n = nxt[j + 1]
-                    unlink(self, base | j + 1, n)
-                    j += n
-                n = j - i + 1
-                nxt[i] = n
-                nxt[j] = n
-                if stays:
-                    return
-                c = n if n < big else big          # _push written out
-                head = heads[c]
-                words = words_of[b]
-                w = i * wpb
-                words[w] = head
-                words[w + 1] = 0
-                if head:
-                    words_of[head >> shift][(head & mask) * wpb + 1] = base | i
-                else:
-                    self._avail |= 1 << c
-                heads[c] = base | i
-            finally:
-                release()
-
-        self.get = get                      # type: ignore[method-assign]
-        self.get_many = get_many            # type: ignore[method-assign]
-        self.put = put                      # type: ignore[method-assign]
-        self.delete = delete                # type: ignore[method-assign]
 
     def scan(self, prefix: bytes) -> Iterator[bytes]:
         with self._lock:
