@@ -79,12 +79,15 @@ Threads are created on the first queued hint, rebuilt after ``fork`` (``os.getpi
 are daemons, hold only a weak reference to the manager, and exit on :meth:`Prefetcher.close`
 (called by ``CacheManager.close``) or when the manager is collected.
 
-The lookahead operator :func:`prefetching` lives in :mod:`mlcache._lookahead`.
+This module holds the prefetcher's hint path, uses and accounting; the rest is split by
+concept: the hint buffer and the hot-key filter in :mod:`mlcache._hints`, reading batches
+(fetch threads, inline batches and the choice between them) in :mod:`mlcache._batchreads`,
+staging and installing in :mod:`mlcache._staging`, and the lookahead operator
+:func:`prefetching` with its depth controller in :mod:`mlcache._lookahead`.
 """
 from __future__ import annotations
 
 import contextlib
-import heapq
 import math
 import os
 import threading
@@ -95,15 +98,13 @@ from typing import Any, Iterator
 
 from mlcache.policies.base import BasePolicy
 
-from ._batchreads import _FAILED_MAX, BatchReads
+from ._batchreads import BatchReads
 from ._hints import HintBuffer, HotKeyFilter, _make_filter
 from ._lookahead import DepthController, RecordKeyError, prefetching
-from ._readpath import _Load
+from ._staging import StagedReads
 
 __all__ = ["Prefetcher", "HintBuffer", "HotKeyFilter", "DepthController", "RecordKeyError",
            "prefetching"]
-
-_MISSING: Any = object()
 
 
 class _Window:
@@ -139,7 +140,7 @@ def quantile(data: list[float], q: float) -> float | None:
     return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
 
 
-class Prefetcher(BatchReads):
+class Prefetcher(BatchReads, StagedReads):
     """The manager's prefetch engine: hint buffer, hot-key filter, fetch threads, statistics."""
 
     def __init__(self, manager: Any) -> None:
@@ -419,245 +420,6 @@ class Prefetcher(BatchReads):
                 self._demand -= 1
                 if not self._demand:
                     self._cond.notify_all()
-
-    # -- staging: fetch threads read, the operator's thread decodes and installs ----------
-
-    def attach(self, operator: Any) -> None:
-        """A lookahead operator will install staged reads and may read batches itself."""
-        with self._cond:
-            self._consumers.add(operator)
-
-    def detach(self, operator: Any) -> None:
-        """The operator is done; with no operator left, staged reads have nobody to wait for."""
-        with self._cond:
-            self._consumers.discard(operator)
-            if self._consumers:
-                return
-            self.counters["staged_dropped"] += len(self._staged)
-            self._staged.clear()
-            self._staged_bytes = 0
-            self._cond.notify_all()
-
-    def _fetch_staged(self, m: Any, batch: list[tuple[bytes, float, float]],
-                      t_start: float) -> None:
-        """Fetch thread with an operator attached: one batched read of the levels, the raw
-        bytes staged (after the same exactness checks as the manager's miss path); decoding
-        and the heap insert are left to the operator's thread."""
-        keys = [kb for kb, _, _ in batch]
-        meta = {kb: (ts, t0) for kb, ts, t0 in batch}
-        error: BaseException | None = None
-        rescue: list[bytes] = []
-        mine: list[bytes] = []
-        late: list[tuple[bytes, bytes, float, float, int]] = []
-        staged = 0
-        load = None
-        try:
-            with m._lock:
-                m._check_open()
-                data, wb, loading = m._data, m._wb, m._loading
-                tomb = wb.tombstones
-                queued = wb.buffer.pending[0] if wb.levels else None
-                for kb in keys:
-                    if kb in data:
-                        if self._policy_hints:
-                            m._policy_hint(kb, meta[kb][0])
-                    elif kb in tomb or kb in loading or kb in self._staged:
-                        continue        # deleted, being read by someone else, or read already
-                    elif queued and kb in queued:
-                        rescue.append(kb)
-                    else:
-                        mine.append(kb)
-                if mine:
-                    load = _Load()
-                    loading.update(dict.fromkeys(mine, load))
-                    seq = wb.wseq
-            if rescue:
-                # in the eviction buffer: back into the heap without I/O (as a demand get would)
-                self._install_loaded(m, m._load_into_heap(rescue, None, prefetch=True), meta)
-            if mine:
-                try:
-                    found, timings = m._read_levels(mine)
-                    good: dict[bytes, bytes] = {}
-                    with m._lock:
-                        m._count_reads(timings, len(found))
-                        data, wb = m._data, m._wb
-                        tomb = wb.tombstones
-                        queued = wb.buffer.pending[0] if wb.levels else None
-                        now_seq = wb.wseq
-                        moved = () if now_seq == seq and not seq & 1 else wb.moved_since(seq)
-                        if moved is not None:
-                            for kb in mine:
-                                raw = found.get(kb)
-                                # a key written, deleted or moved while we read keeps that
-                                # state; the record's own get reads it
-                                if (raw is None or kb in moved or kb in data or kb in tomb
-                                        or (queued and kb in queued)):
-                                    continue
-                                good[kb] = raw
-                    with self._lock:
-                        used = self._used_inflight
-                        st_d = self._staged
-                        for kb, raw in good.items():
-                            ts, t0 = meta[kb]
-                            if kb in used:
-                                late.append((kb, raw, ts, t0, now_seq))  # its get waits: now
-                            else:
-                                st_d[kb] = (raw, ts, t0, now_seq)
-                                self._staged_bytes += len(raw)
-                                staged += 1
-                    if late:
-                        self._install_entries(m, late, used=True)
-                finally:
-                    with m._lock:
-                        for kb in mine:
-                            if loading.get(kb) is load:
-                                del loading[kb]
-                    if load is not None:
-                        load.done.set()
-        except BaseException as exc:  # a backend failure must not kill the fetch thread
-            error = exc
-        now = time.perf_counter()
-        with self._lock:
-            self.counters["batches"] += 1
-            self.counters["staged"] += staged
-            self._thread_batches += 1
-            self.batch_latency.add(now - t_start)
-            if error is not None:
-                self.counters["failures"] += 1
-                if len(self._failed) + len(keys) > _FAILED_MAX:
-                    self._failed.clear()
-                for kb in keys:
-                    self._failed[kb] = error
-            for kb in keys:
-                self._used_inflight.discard(kb)
-            self._buffer.done(keys)          # after staging: see note_use's fast path
-
-    def _install_loaded(self, m: Any, loaded: dict, meta: dict) -> None:
-        """Account keys a fetch put in the heap directly (eviction-buffer rescues)."""
-        if not loaded:
-            return
-        if self._policy_hints:
-            with m._lock:
-                for kb in loaded:
-                    m._policy_hint(kb, meta[kb][0])
-        now = time.perf_counter()
-        with self._lock:
-            for kb in loaded:
-                self.fetch_latency.add(now - meta[kb][1])
-                if kb not in self._used_inflight:
-                    self._landed[kb] = meta[kb][1]
-            self.counters["prefetched"] += len(loaded)
-
-    def install(self, limit: int) -> int:
-        """Operator thread: decode and insert up to ``limit`` staged reads, those expected
-        soonest first.
-
-        Fetch threads stage their batches in the order the batches finish, which with several
-        threads is not the order of use: when more than ``limit`` reads wait, the ones with the
-        smallest expected-use time go first, so the next record's key is never left behind
-        keys needed later.
-        """
-        if not self._staged:
-            return 0
-        with self._cond:
-            staged = self._staged
-            full = self._thread_idle()
-            if len(staged) <= limit:
-                chosen = list(staged)
-            else:
-                chosen = heapq.nsmallest(limit, staged, key=lambda kb: staged[kb][1])
-            items = []
-            for kb in chosen:
-                raw, ts, t0, seq = staged.pop(kb)
-                self._staged_bytes -= len(raw)
-                items.append((kb, raw, ts, t0, seq))
-            if full:
-                self._cond.notify_all()
-        m = self._mref()
-        return self._install_entries(m, items, used=False) if m is not None else 0
-
-    def install_keys(self, kbs: list[bytes]) -> int:
-        """A get needs these keys now: install them from the stage, without I/O."""
-        with self._lock:
-            items = []
-            for kb in kbs:
-                entry = self._staged.pop(kb, None)
-                if entry is not None:
-                    self._staged_bytes -= len(entry[0])
-                    items.append((kb, *entry))
-        m = self._mref()
-        return self._install_entries(m, items, used=True) if items and m is not None else 0
-
-    def _install_entries(self, m: Any, items: list[tuple[bytes, bytes, float, float, int]],
-                         used: bool) -> int:
-        """Decode staged reads and insert those still exact into the heap, clean.
-
-        A staged value is dropped if the key is resident (written or loaded meanwhile: that is
-        newer or the same), deleted, in the eviction buffer (written and evicted: newer), or
-        moved between levels by a write since it was read (``wseq``/``moved_since``); the next
-        get then reads it the usual way. ``used``: a record is waiting for these keys (their
-        use was counted already).
-        """
-        if not items:
-            return 0
-        decode = m._codec.decode
-        decoded = []
-        for item in items:
-            try:
-                decoded.append((item, decode(item[1])))
-            except Exception as exc:
-                # bad bytes: the record's own read will raise, naming the level and key
-                self._failed[item[0]] = exc
-        installed: list[tuple[bytes, float]] = []
-        dropped = 0
-        with m._lock:
-            if m._closed:
-                return 0
-            if m._reads or m._reads_ts:
-                m._apply_reads()     # hits before this insert reach the policy first
-            data, wb = m._data, m._wb
-            tomb = wb.tombstones
-            queued = wb.buffer.pending[0] if wb.levels else None
-            wseq = wb.wseq
-            moved_by: dict[int, Any] = {}
-            hint = m._heap.policy.hint if self._policy_hints and m._heap is not None else None
-            admit = m._admit
-            for (kb, raw, ts, t0, seq), value in decoded:
-                if kb in data or kb in tomb or (queued and kb in queued):
-                    dropped += 1
-                    continue
-                if wseq != seq or seq & 1:
-                    moved = moved_by.get(seq, _MISSING)
-                    if moved is _MISSING:
-                        moved = moved_by[seq] = wb.moved_since(seq)
-                    if moved is None or kb in moved:
-                        dropped += 1
-                        continue
-                admit(kb, value, raw, None)
-                if hint is not None and kb in data:
-                    hint(kb, ts)
-                installed.append((kb, t0))
-        m._wb.ensure_writers()
-        now = time.perf_counter()
-        with self._lock:
-            for kb, t0 in installed:
-                self.fetch_latency.add(now - t0)
-                if not used:
-                    self._landed[kb] = t0
-            self.counters["prefetched"] += len(installed)
-            self.counters["staged_dropped"] += dropped
-        return len(installed)
-
-    def drop_staged(self, prefix: bytes = b"") -> int:
-        """Forget staged reads of keys starting with ``prefix`` (their lower copies may have
-        changed under another process: ``CacheManager.invalidate_local``)."""
-        with self._lock:
-            gone = [kb for kb in self._staged if kb.startswith(prefix)]
-            for kb in gone:
-                self._staged_bytes -= len(self._staged.pop(kb)[0])
-            self.counters["staged_dropped"] += len(gone)
-            self._cond.notify_all()
-        return len(gone)
 
     def waiting(self) -> int:
         """Prefetched, staged or queued keys whose records have not come yet."""

@@ -1,0 +1,297 @@
+"""Staged reads of keyed prefetching: fetch threads read, the operator's thread decodes and
+installs.
+
+Part of :mod:`mlcache.prefetch`, kept apart because it is where a prefetch has to stay exact.
+With a lookahead operator attached, a fetch thread only does the I/O: one batched read of the
+levels (the keys registered as being read, so a demand get waits for it rather than reading
+again), the raw bytes checked as the manager's miss path checks them, then *staged*. The
+operator's thread installs staged reads between records (``install``, the soonest expected
+uses first) and a get of a staged key installs it at once (``install_keys``), without I/O.
+Why: decoding and inserting need the GIL; on the operator's thread they run between records
+instead of forcing a hand-off in the middle of one.
+
+A staged value is installed only while still exact: the key not resident (a newer write or
+load won), not deleted, not in the eviction buffer, and not moved between levels by a write
+since it was read (``WriteBack.moved_since``). Staging is bounded in keys and bytes
+(``staged_max_keys``/``staged_max_bytes``: fetch threads take no batch while it is full) and
+dropped when the last operator detaches, or by ``drop_staged`` when lower copies may have
+changed under another process.
+"""
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._batchreads import _FAILED_MAX
+from ._hints import HintBuffer
+from ._readpath import _Load
+
+if TYPE_CHECKING:
+    from .prefetch import _Window
+
+__all__ = ["StagedReads"]
+
+_MISSING: Any = object()
+
+
+class StagedReads:
+    """Mixin for Prefetcher: staging reads on fetch threads and installing them on the
+    operator's thread. Uses the prefetcher's lock, buffer and statistics."""
+
+    counters: dict[str, int]
+    fetch_latency: _Window
+    batch_latency: _Window
+    _mref: Callable[[], Any]
+    _lock: threading.Lock
+    _cond: threading.Condition
+    _buffer: HintBuffer
+    _policy_hints: bool
+    _landed: dict[bytes, float]
+    _failed: dict[bytes, BaseException]
+    _used_inflight: set[bytes]
+    _staged: dict[bytes, tuple[bytes, float, float, int]]
+    _staged_bytes: int
+    _consumers: weakref.WeakSet[Any]
+    _thread_batches: int
+    _thread_idle: Callable[[], bool]
+
+    def attach(self, operator: Any) -> None:
+        """A lookahead operator will install staged reads and may read batches itself."""
+        with self._cond:
+            self._consumers.add(operator)
+
+    def detach(self, operator: Any) -> None:
+        """The operator is done; with no operator left, staged reads have nobody to wait for."""
+        with self._cond:
+            self._consumers.discard(operator)
+            if self._consumers:
+                return
+            self.counters["staged_dropped"] += len(self._staged)
+            self._staged.clear()
+            self._staged_bytes = 0
+            self._cond.notify_all()
+
+    def _fetch_staged(self, m: Any, batch: list[tuple[bytes, float, float]],
+                      t_start: float) -> None:
+        """Fetch thread with an operator attached: one batched read of the levels, the raw
+        bytes staged (after the same exactness checks as the manager's miss path); decoding
+        and the heap insert are left to the operator's thread."""
+        keys = [kb for kb, _, _ in batch]
+        meta = {kb: (ts, t0) for kb, ts, t0 in batch}
+        error: BaseException | None = None
+        rescue: list[bytes] = []
+        mine: list[bytes] = []
+        late: list[tuple[bytes, bytes, float, float, int]] = []
+        staged = 0
+        load = None
+        try:
+            with m._lock:
+                m._check_open()
+                data, wb, loading = m._data, m._wb, m._loading
+                tomb = wb.tombstones
+                queued = wb.buffer.pending[0] if wb.levels else None
+                for kb in keys:
+                    if kb in data:
+                        if self._policy_hints:
+                            m._policy_hint(kb, meta[kb][0])
+                    elif kb in tomb or kb in loading or kb in self._staged:
+                        continue        # deleted, being read by someone else, or read already
+                    elif queued and kb in queued:
+                        rescue.append(kb)
+                    else:
+                        mine.append(kb)
+                if mine:
+                    load = _Load()
+                    loading.update(dict.fromkeys(mine, load))
+                    seq = wb.wseq
+            if rescue:
+                # in the eviction buffer: back into the heap without I/O (as a demand get would)
+                self._install_loaded(m, m._load_into_heap(rescue, None, prefetch=True), meta)
+            if mine:
+                try:
+                    found, timings = m._read_levels(mine)
+                    good: dict[bytes, bytes] = {}
+                    with m._lock:
+                        m._count_reads(timings, len(found))
+                        data, wb = m._data, m._wb
+                        tomb = wb.tombstones
+                        queued = wb.buffer.pending[0] if wb.levels else None
+                        now_seq = wb.wseq
+                        moved = () if now_seq == seq and not seq & 1 else wb.moved_since(seq)
+                        if moved is not None:
+                            for kb in mine:
+                                raw = found.get(kb)
+                                # a key written, deleted or moved while we read keeps that
+                                # state; the record's own get reads it
+                                if (raw is None or kb in moved or kb in data or kb in tomb
+                                        or (queued and kb in queued)):
+                                    continue
+                                good[kb] = raw
+                    with self._lock:
+                        used = self._used_inflight
+                        st_d = self._staged
+                        for kb, raw in good.items():
+                            ts, t0 = meta[kb]
+                            if kb in used:
+                                late.append((kb, raw, ts, t0, now_seq))  # its get waits: now
+                            else:
+                                st_d[kb] = (raw, ts, t0, now_seq)
+                                self._staged_bytes += len(raw)
+                                staged += 1
+                    if late:
+                        self._install_entries(m, late, used=True)
+                finally:
+                    with m._lock:
+                        for kb in mine:
+                            if loading.get(kb) is load:
+                                del loading[kb]
+                    if load is not None:
+                        load.done.set()
+        except BaseException as exc:  # a backend failure must not kill the fetch thread
+            error = exc
+        now = time.perf_counter()
+        with self._lock:
+            self.counters["batches"] += 1
+            self.counters["staged"] += staged
+            self._thread_batches += 1
+            self.batch_latency.add(now - t_start)
+            if error is not None:
+                self.counters["failures"] += 1
+                if len(self._failed) + len(keys) > _FAILED_MAX:
+                    self._failed.clear()
+                for kb in keys:
+                    self._failed[kb] = error
+            for kb in keys:
+                self._used_inflight.discard(kb)
+            self._buffer.done(keys)          # after staging: see note_use's fast path
+
+    def _install_loaded(self, m: Any, loaded: dict, meta: dict) -> None:
+        """Account keys a fetch put in the heap directly (eviction-buffer rescues)."""
+        if not loaded:
+            return
+        if self._policy_hints:
+            with m._lock:
+                for kb in loaded:
+                    m._policy_hint(kb, meta[kb][0])
+        now = time.perf_counter()
+        with self._lock:
+            for kb in loaded:
+                self.fetch_latency.add(now - meta[kb][1])
+                if kb not in self._used_inflight:
+                    self._landed[kb] = meta[kb][1]
+            self.counters["prefetched"] += len(loaded)
+
+    def install(self, limit: int) -> int:
+        """Operator thread: decode and insert up to ``limit`` staged reads, those expected
+        soonest first.
+
+        Fetch threads stage their batches in the order the batches finish, which with several
+        threads is not the order of use: when more than ``limit`` reads wait, the ones with the
+        smallest expected-use time go first, so the next record's key is never left behind
+        keys needed later.
+        """
+        if not self._staged:
+            return 0
+        with self._cond:
+            staged = self._staged
+            full = self._thread_idle()
+            if len(staged) <= limit:
+                chosen = list(staged)
+            else:
+                chosen = heapq.nsmallest(limit, staged, key=lambda kb: staged[kb][1])
+            items = []
+            for kb in chosen:
+                raw, ts, t0, seq = staged.pop(kb)
+                self._staged_bytes -= len(raw)
+                items.append((kb, raw, ts, t0, seq))
+            if full:
+                self._cond.notify_all()
+        m = self._mref()
+        return self._install_entries(m, items, used=False) if m is not None else 0
+
+    def install_keys(self, kbs: list[bytes]) -> int:
+        """A get needs these keys now: install them from the stage, without I/O."""
+        with self._lock:
+            items = []
+            for kb in kbs:
+                entry = self._staged.pop(kb, None)
+                if entry is not None:
+                    self._staged_bytes -= len(entry[0])
+                    items.append((kb, *entry))
+        m = self._mref()
+        return self._install_entries(m, items, used=True) if items and m is not None else 0
+
+    def _install_entries(self, m: Any, items: list[tuple[bytes, bytes, float, float, int]],
+                         used: bool) -> int:
+        """Decode staged reads and insert those still exact into the heap, clean.
+
+        A staged value is dropped if the key is resident (written or loaded meanwhile: that is
+        newer or the same), deleted, in the eviction buffer (written and evicted: newer), or
+        moved between levels by a write since it was read (``wseq``/``moved_since``); the next
+        get then reads it the usual way. ``used``: a record is waiting for these keys (their
+        use was counted already).
+        """
+        if not items:
+            return 0
+        decode = m._codec.decode
+        decoded = []
+        for item in items:
+            try:
+                decoded.append((item, decode(item[1])))
+            except Exception as exc:
+                # bad bytes: the record's own read will raise, naming the level and key
+                self._failed[item[0]] = exc
+        installed: list[tuple[bytes, float]] = []
+        dropped = 0
+        with m._lock:
+            if m._closed:
+                return 0
+            if m._reads or m._reads_ts:
+                m._apply_reads()     # hits before this insert reach the policy first
+            data, wb = m._data, m._wb
+            tomb = wb.tombstones
+            queued = wb.buffer.pending[0] if wb.levels else None
+            wseq = wb.wseq
+            moved_by: dict[int, Any] = {}
+            hint = m._heap.policy.hint if self._policy_hints and m._heap is not None else None
+            admit = m._admit
+            for (kb, raw, ts, t0, seq), value in decoded:
+                if kb in data or kb in tomb or (queued and kb in queued):
+                    dropped += 1
+                    continue
+                if wseq != seq or seq & 1:
+                    moved = moved_by.get(seq, _MISSING)
+                    if moved is _MISSING:
+                        moved = moved_by[seq] = wb.moved_since(seq)
+                    if moved is None or kb in moved:
+                        dropped += 1
+                        continue
+                admit(kb, value, raw, None)
+                if hint is not None and kb in data:
+                    hint(kb, ts)
+                installed.append((kb, t0))
+        m._wb.ensure_writers()
+        now = time.perf_counter()
+        with self._lock:
+            for kb, t0 in installed:
+                self.fetch_latency.add(now - t0)
+                if not used:
+                    self._landed[kb] = t0
+            self.counters["prefetched"] += len(installed)
+            self.counters["staged_dropped"] += dropped
+        return len(installed)
+
+    def drop_staged(self, prefix: bytes = b"") -> int:
+        """Forget staged reads of keys starting with ``prefix`` (their lower copies may have
+        changed under another process: ``CacheManager.invalidate_local``)."""
+        with self._lock:
+            gone = [kb for kb in self._staged if kb.startswith(prefix)]
+            for kb in gone:
+                self._staged_bytes -= len(self._staged.pop(kb)[0])
+            self.counters["staged_dropped"] += len(gone)
+            self._cond.notify_all()
+        return len(gone)
