@@ -115,17 +115,27 @@ class EvictionBuffer:
         for p in self.pending:
             p.pop(key, None)
 
-    def take(self, index: int, n: int, max_bytes: int | None = None) -> list[tuple[bytes, bytes]]:
+    def take(self, index: int, n: int, max_bytes: int | None = None, as_is: int | None = None,
+             total_max: int | None = None) -> list[tuple[bytes, bytes]]:
         """The ``n`` oldest entries for level ``index``, fewer when their encodings reach
-        ``max_bytes`` (always at least one)."""
+        ``max_bytes`` (always at least one). With ``as_is``, encodings at least that long do
+        not count toward ``max_bytes`` (the level sends them as they are, no copy), and all
+        count toward ``total_max``."""
         p = self.pending[index]
         out = []
-        total = 0
+        total = copied = 0
         for key in list(itertools.islice(p, n)):
             data = p.pop(key)
             out.append((key, data))
-            total += len(data)
-            if max_bytes is not None and total >= max_bytes:
+            size = len(data)
+            total += size
+            if as_is is not None:
+                if size < as_is:
+                    copied += size
+                if (max_bytes is not None and copied >= max_bytes) or \
+                        (total_max is not None and total >= total_max):
+                    break
+            elif max_bytes is not None and total >= max_bytes:
                 break
         if not p and sys.getsizeof(p) > 4096:
             # A dict keeps its table when emptied by pops: after a large flush drained, start
@@ -216,6 +226,21 @@ class WriteBack:
         the buffer (see ``CacheManager._reserved_bytes``)."""
         limit = self.buffer_bytes_max
         return None if limit is None else max(1, limit // 4)
+
+    def _take_bounds(self, index: int) -> tuple[int | None, int | None, int | None]:
+        """``take``'s bounds for a write into level ``index``: ``batch_bytes_max`` bounds the
+        bytes a level client copies (what the heap budget reserves beside the buffer); a
+        level that sends long values as they are (``sends_as_is``: the unbounded Redis
+        level) copies only the short ones, so a write to it takes up to half the buffer.
+        Fewer, larger writes: each costs a writer thread two round trips for the GIL (the
+        send and the reply), ~0.2 ms of CPU while another thread runs Python; at heap=30%
+        in ``mlcache bench events`` the aging trees' pages went down in ~400 writes of two
+        10 KB pages."""
+        limit = self.buffer_bytes_max
+        as_is = getattr(self.levels[index], "sends_as_is", None)
+        if limit is None or as_is is None:
+            return self.batch_bytes_max, None, None
+        return self.batch_bytes_max, as_is, max(1, limit // 2)
 
     def _log_write(self, keys: Iterable[bytes] | None) -> None:
         """Lock held, right after ``wseq`` became odd: the keys this write may move."""
@@ -363,7 +388,7 @@ class WriteBack:
                               if self.buffer.pending[i]), None)
                 if index is None:
                     return 0
-                items = self.buffer.take(index, self.batch_size, self.batch_bytes_max)
+                items = self.buffer.take(index, self.batch_size, *self._take_bounds(index))
                 count, taken = len(items), sum(len(v) for _, v in items)
                 self.inflight_bytes += taken
                 self.wseq += 1

@@ -443,3 +443,67 @@ def test_the_writer_thread_writes_on_its_own_connection_and_closes_it(redis_url)
     assert len(level._owned) == 1   # one writer thread, one connection of its own
     m.close()
     assert not level._owned   # the writer released its connection when it stopped
+
+
+def test_a_write_to_redis_takes_long_encodings_up_to_half_the_buffer():
+    """Encodings the level sends as they are (at least ``sends_as_is`` bytes) do not count
+    toward the copy bound (``batch_bytes_max``, what the heap budget reserves for a level
+    client's copy); all of them count toward half the buffer. Short ones still stop a batch
+    at the copy bound, and a batch always takes at least one entry."""
+    from mlcache.writeback import EvictionBuffer
+
+    buf = EvictionBuffer(1)
+    for i in range(20):
+        buf.add(0, b"long%d" % i, b"x" * 10_000)
+    taken = buf.take(0, 256, 18_000, as_is=4096, total_max=37_000)
+    assert len(taken) == 4   # 40,000 >= 37,000 after the fourth; none counted as copied
+    assert len(buf.take(0, 256, 18_000)) == 2   # without as_is: the copy bound
+    buf.pending[0].clear()
+    for i in range(20):
+        buf.add(0, b"short%d" % i, b"y" * 3_000)
+    assert len(buf.take(0, 256, 18_000, as_is=4096, total_max=37_000)) == 6   # copied
+    assert len(buf.take(0, 3, 18_000, as_is=4096, total_max=37_000)) == 3     # count bound
+    buf.pending[0].clear()
+    buf.add(0, b"huge", b"z" * 100_000)
+    buf.add(0, b"next", b"z" * 10)
+    assert len(buf.take(0, 256, 18_000, as_is=4096, total_max=37_000)) == 1
+
+
+def test_write_bounds_by_level(redis_url, tmp_path):
+    from mlcache.levels.redis import _DIRECT
+
+    unbounded = CacheConfig(heap=HeapConfig(max_bytes=4 << 20, policy="lru"),
+                            levels=(RedisConfig(url=redis_url, prefix="wb1"),))
+    with CacheManager(unbounded) as m:
+        wb = m._wb
+        limit = wb.buffer_bytes_max
+        assert m._levels[0].sends_as_is == _DIRECT
+        assert wb._take_bounds(0) == (limit // 4, _DIRECT, limit // 2)
+    bounded = CacheConfig(heap=HeapConfig(max_bytes=4 << 20, policy="lru"),
+                          levels=(RedisConfig(url=redis_url, prefix="wb2", max_bytes=1 << 30),
+                                  DiskConfig(path=str(tmp_path / "d"))))
+    with CacheManager(bounded) as m:
+        wb = m._wb
+        assert m._levels[0].sends_as_is is None   # its transaction copies every value
+        assert wb._take_bounds(0) == (wb.buffer_bytes_max // 4, None, None)
+        assert wb._take_bounds(1) == (wb.buffer_bytes_max // 4, None, None)   # disk
+    entries = CacheConfig(heap=HeapConfig(max_entries=100, max_bytes=None),
+                          levels=(RedisConfig(url=redis_url, prefix="wb3"),))
+    with CacheManager(entries) as m:
+        assert m._wb._take_bounds(0) == (None, None, None)
+
+
+def test_pages_written_in_larger_writes_read_back_exactly(redis_url):
+    """A heap over an unbounded Redis level, values of 10 KB (sent as they are): each write
+    carries several, and every value reads back as it was put."""
+    config = CacheConfig(heap=HeapConfig(max_bytes=600_000, policy="lru"),
+                         levels=(RedisConfig(url=redis_url, prefix=f"l-{uuid.uuid4().hex[:8]}"),))
+    values = {i: os.urandom(10_000) for i in range(300)}
+    with CacheManager(config) as m:
+        with m._lock:   # queued, not written, until flush() drains them in full writes
+            for i, v in values.items():
+                m.put(i, v)
+        m.flush()
+        st = m.stats()["levels"]["redis"]
+        assert st["keys_written"] > 2 * st["writes"] > 0   # more than two values a write
+        assert all(m.get(i) == v for i, v in values.items())
