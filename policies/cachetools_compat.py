@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Iterator
 import cachetools
 
 from .tac import TACPolicy
-from .wtinylfu import _LOST_WINDOW, _NOKEY, _SAMPLE, WTinyLFUPolicy
+from .wtinylfu import _LOST_TIE, _LOST_WINDOW, _NOKEY, _SAMPLE, WTinyLFUPolicy
 
 __all__ = ["TinyLFUCache", "TACache"]
 
@@ -154,38 +154,56 @@ class _PolicyCache(cachetools.Cache):
             i = m & mask
             t = p._table
             bar = p._bar - pending.get(cand, 0)
+            code = _LOST_WINDOW
             f = t[i] & 15
             if f >= bar:
-                if not f:
-                    settle = self._settle
-                    del data[settle(cand, victim, 0)]
-                    return
-                b = ((m >> 32) | 1) & mask
-                i = (i + b) & mask
-                c = t[i] >> 4
-                if c >= bar:
-                    if not c:
-                        settle = self._settle
-                        del data[settle(cand, victim, 0)]
-                        return
-                    if c < f:
-                        f = c
-                    w = p._width
+                if f:
+                    b = ((m >> 32) | 1) & mask
                     i = (i + b) & mask
-                    c = t[i + w] & 15
+                    c = t[i] >> 4
                     if c >= bar:
-                        if not c:
+                        if c:
+                            if c < f:
+                                f = c
+                            w = p._width
+                            i = (i + b) & mask
+                            c = t[i + w] & 15
+                            if c >= bar:
+                                if c:
+                                    if c < f:
+                                        f = c
+                                    i = (i + b) & mask
+                                    c = t[i + w] >> 4
+                                    if c >= bar:
+                                        if c < f:
+                                            f = c
+                                        if f != bar or not p._tie_ok:
+                                            settle = self._settle
+                                            del data[settle(cand, victim, f)]
+                                            return
+                                        p._tie = True
+                                        code = _LOST_TIE
+                                elif bar or not p._tie_ok:
+                                    settle = self._settle
+                                    del data[settle(cand, victim, 0)]
+                                    return
+                                else:
+                                    p._tie = True
+                                    code = _LOST_TIE
+                        elif bar or not p._tie_ok:
                             settle = self._settle
                             del data[settle(cand, victim, 0)]
                             return
-                        if c < f:
-                            f = c
-                        i = (i + b) & mask
-                        c = t[i + w] >> 4
-                        if c >= bar:
-                            settle = self._settle
-                            del data[settle(cand, victim, c if c < f else f)]
-                            return
+                        else:
+                            p._tie = True
+                            code = _LOST_TIE
+                elif bar or not p._tie_ok:
+                    settle = self._settle
+                    del data[settle(cand, victim, 0)]
+                    return
+                else:
+                    p._tie = True
+                    code = _LOST_TIE
             del data[cand]
             ticks = p._ticks - 1
             if ticks:
@@ -194,7 +212,7 @@ class _PolicyCache(cachetools.Cache):
             p._ticks = _SAMPLE
             if p._adaptive:
                 ghosts = p._wghost
-                ghosts[cand] = _LOST_WINDOW
+                ghosts[cand] = code
                 if len(ghosts) > p._ghost_limit:
                     ghosts.popitem(False)
             return

@@ -228,3 +228,37 @@ def test_tinylfu_cache_honours_a_policy_subclass_with_its_own_miss_path():
     assert len(cache) == 50 and set(cache) == set(cache._policy.keys())
     plain = TinyLFUCache(maxsize=50)
     assert plain._steady is plain._policy and cache._steady is None
+
+
+def test_ties_refused_inline_decide_like_settle():
+    # The steady miss refuses a candidate that ties with a cold victim itself (ties go to the
+    # incumbent, no chance draw) instead of calling _settle. With that shortcut disabled
+    # (_tie_ok never set) every tie goes through _settle/_decide: the cache and the policy
+    # must play the trace the same either way, ghosts and their tie marks included.
+    from mlcache.bench.policies import _memoize_pass
+    from mlcache.policies.wtinylfu import WTinyLFUPolicy
+    from mlcache.sim import play, zipf
+
+    class NoShortcut(WTinyLFUPolicy):
+        def _cache_victim(self):
+            victim = super()._cache_victim()
+            self._tie_ok = False
+            return victim
+
+    class NoShortcutCache(TinyLFUCache):
+        _policy_class = NoShortcut
+
+    keys = zipf(30_000, n_keys=3_000, alpha=0.9, seed=9).keys
+    keys += list(range(10_000, 10_300)) * 3
+    runs = []
+    for cache, policy in ((TinyLFUCache(200), WTinyLFUPolicy(200)),
+                          (NoShortcutCache(200), NoShortcut(200))):
+        assert cache._steady is cache._policy  # the inlined miss path in both
+        hits, _ = _memoize_pass(cache, keys)
+        result = play(policy, keys)
+        p = cache._policy
+        runs.append((hits, result.hits, sorted(cache), sorted(policy.keys()),
+                     list(p._wghost.items()), list(p._mghost.items()), p._tie_score))
+    assert runs[0] == runs[1]
+    assert runs[0][0] == runs[0][1]
+    assert any(code & 4 for _, code in runs[0][4])  # ties were refused and remembered
