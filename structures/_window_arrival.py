@@ -1,0 +1,258 @@
+"""How tuples enter a sliding window: one at a time, in batches, or late.
+
+SlideM writes each tuple once, at the head of the window, into the *recent* block; this module
+is that write, kept apart from the engine in :mod:`.window` (blocks, expiry, slides, results)
+because it is the per-event cost and is written for it:
+
+* ``append`` is bound once per window to the path for its records (numeric time, numeric
+  count, general), so a numeric tuple costs a comparison with the watermark and two numpy
+  stores; a full block is sealed (SlideM's Procedure 1) and aggregates are updated a block
+  slice at a time, not per tuple.
+* ``extend`` is the vectorised path: an in-order numeric batch is copied into blocks a slice
+  at a time, split at slide boundaries, with one partial aggregate per slice for every window.
+* A tuple behind the watermark by at most ``lateness`` goes to a small per-window heap rather
+  than into the blocks, so blocks stay sorted by time; a later one raises or, with
+  ``on_late="drop"``, is counted and dropped.
+
+A record is checked before it changes anything: a refused record never moves the watermark.
+Mixed into the engine: a method found through the class costs a call nothing more.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._window_agg import WindowState
+
+__all__ = ["WindowArrival"]
+
+_F8 = np.float64
+
+
+class WindowArrival:
+    """``append``, ``extend`` and late tuples, mixed into the window engine (module doc)."""
+
+    kind: str
+    columns: tuple[str, ...] | None
+    block_size: int
+    lateness: float
+    on_late: str
+    late_accepted: int
+    late_dropped: int
+    _codec: Any
+    _cur: Any
+    _wm: float
+    _next_slide: float
+    _late_seq: int
+    _wins: list[WindowState]
+
+    if TYPE_CHECKING:  # the engine's steps (structures.window._Windows)
+        def _check_open(self) -> None: ...
+        def _partial(self, ts: Any, data: Any, lo: int, hi: int) -> Any: ...
+        def _apply_pending(self) -> None: ...
+        def _seal(self, expire: bool = True) -> None: ...
+        def _expire(self, now: float | None = None) -> None: ...
+        def _slide_to(self, ts: float) -> None: ...
+        def _slide_count(self) -> None: ...
+
+    def append(self, record: Any, ts: float | None = None) -> None:
+        """Add one tuple (``ts``: its event time; optional for count windows)."""
+        self._pick_append()(record, ts)
+
+    def _pick_append(self) -> Callable[..., None]:
+        if self.columns is None:
+            return self._append_general
+        return self._append_time if self.kind == "time" else self._append_count
+
+    def _append_time(self, record: Sequence[float], ts: float) -> None:
+        """Add one tuple with event time ``ts`` (the per-event path: a few numpy stores)."""
+        try:
+            if not ts >= self._wm:   # (one comparison, also False for NaN)
+                if ts != ts:
+                    raise ValueError("a time window needs numeric timestamps, got NaN")
+                return self._late(record, ts)
+        except TypeError:
+            raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+        cur = self._cur
+        i = cur.n
+        try:
+            cur.data[i] = record   # first: a refused record must not move the watermark
+        except (ValueError, TypeError):
+            raise self._bad_record(record) from None
+        if ts > self._next_slide:
+            self._slide_to(ts)     # row i is not counted yet (cur.n), and the slide keeps cur
+        self._wm = ts
+        cur.ts[i] = ts
+        cur.n = i + 1
+        if i + 1 == self._codec.capacity:
+            self._seal()
+
+    def _append_count(self, record: Sequence[float], ts: float | None = None) -> None:
+        cur = self._cur
+        i = cur.n
+        try:
+            cur.data[i] = record
+        except (ValueError, TypeError):
+            raise self._bad_record(record) from None
+        cur.ts[i] = 0.0 if ts is None else ts
+        cur.n = i + 1
+        if i + 1 == self._codec.capacity:
+            self._seal()
+        if cur.start + i + 1 >= self._next_slide:
+            self._slide_count()
+
+    def _append_general(self, record: Any, ts: float | None = None) -> None:
+        if self.kind == "time":
+            try:
+                if not ts >= self._wm:  # type: ignore[operator]
+                    if ts != ts:   # NaN would become the watermark: no tuple would be late
+                        raise ValueError("a time window needs numeric timestamps, got NaN")
+                    return self._late(record, ts)  # type: ignore[arg-type]
+            except TypeError:
+                raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+        size = self._codec.record_size(record)  # first: a refused record changes nothing
+        if self.kind == "time":
+            if ts > self._next_slide:  # type: ignore[operator]
+                self._slide_to(ts)  # type: ignore[arg-type]
+            self._wm = ts  # type: ignore[assignment]
+        if self._cur.nbytes + size > self.block_size:
+            self._seal()
+        cur = self._cur
+        cur.ts.append(0.0 if ts is None else float(ts))
+        cur.data.append(record)
+        cur.nbytes += size
+        cur.n += 1
+        if self.kind == "count" and cur.start + cur.n >= self._next_slide:
+            self._slide_count()
+
+    def _bad_record(self, record: Any) -> ValueError:
+        assert self.columns is not None
+        return ValueError(f"a record of this window is {len(self.columns)} numbers "
+                          f"{self.columns}, got {record!r}")
+
+    def extend(self, batch: Any, ts: Any = None) -> None:
+        """Add many tuples: ``extend(records, ts)`` with parallel sequences or numpy arrays (the
+        vectorised path for numeric windows), or ``extend(pairs)`` of ``(record, ts)``."""
+        self._check_open()
+        if ts is None and self.kind == "time":
+            pairs = list(batch)
+            batch = [p[0] for p in pairs]
+            ts = [p[1] for p in pairs]
+        if self.columns is None:
+            tss = [None] * len(batch) if ts is None else ts
+            for rec, t in zip(batch, tss):
+                self.append(rec, t)
+            return
+        rows = np.asarray(batch, _F8)
+        n = len(rows)
+        if n == 0:
+            return
+        if rows.ndim == 1 and len(self.columns) == 1:
+            rows = rows.reshape(n, 1)
+        if rows.ndim != 2 or rows.shape[1] != len(self.columns):
+            raise ValueError(f"extend() needs records of {len(self.columns)} numbers "
+                             f"{self.columns}, got an array of shape {rows.shape}")
+        tsa = np.zeros(n, _F8) if ts is None else np.asarray(ts, _F8).reshape(-1)
+        if len(tsa) != n:
+            raise ValueError(f"extend() got {n} records and {len(tsa)} timestamps")
+        if self.kind == "count":
+            self._ingest_count(rows, tsa)
+            return
+        # (every comparison with a NaN is False, so a NaN anywhere takes the checked path)
+        if tsa[0] >= self._wm and (tsa[1:] >= tsa[:-1]).all():
+            self._ingest_time(rows, tsa)  # in order: the common case
+            return
+        if np.isnan(tsa).any():
+            raise ValueError("a time window needs numeric timestamps, got NaN")
+        prev = np.maximum.accumulate(np.concatenate(([self._wm], tsa[:-1])))
+        late = np.flatnonzero(tsa < prev)
+        if len(late) == 0:
+            self._ingest_time(rows, tsa)
+            return
+        too_late = late[tsa[late] < prev[late] - self.lateness]
+        if len(too_late) and self.on_late == "raise":
+            i = int(too_late[0])
+            raise self._late_error(float(tsa[i]), float(prev[i]))
+        pos = 0
+        for i in late.tolist():  # in-order runs go the vectorised way, late tuples one by one
+            if i > pos:
+                self._ingest_time(rows[pos:i], tsa[pos:i])
+            self._late(tuple(rows[i].tolist()), float(tsa[i]))
+            pos = i + 1
+        if pos < n:
+            self._ingest_time(rows[pos:], tsa[pos:])
+
+    def _ingest_time(self, rows: np.ndarray, tsa: np.ndarray) -> None:
+        pos, n = 0, len(rows)
+        while pos < n:
+            end = n
+            if self._next_slide < math.inf:  # stop at the next slide boundary
+                end = pos + int(np.searchsorted(tsa[pos:], self._next_slide, "right"))
+            if end > pos:
+                self._wm = float(tsa[end - 1])
+                self._store(rows[pos:end], tsa[pos:end])
+                self._expire()
+            if end < n:
+                self._slide_to(float(tsa[end]))
+            pos = end
+
+    def _ingest_count(self, rows: np.ndarray, tsa: np.ndarray) -> None:
+        pos, n = 0, len(rows)
+        while pos < n:
+            total = self._cur.start + self._cur.n
+            end = n if self._next_slide == math.inf else min(n, pos + self._next_slide - total)
+            self._store(rows[pos:end], tsa[pos:end])
+            self._expire()
+            pos = end
+            if self._cur.start + self._cur.n >= self._next_slide:
+                self._slide_count()
+
+    def _store(self, rows: np.ndarray, tsa: np.ndarray) -> None:
+        """Copy a batch into blocks; its partial aggregate goes to every window at once."""
+        self._apply_pending()
+        p = self._partial(tsa, rows, 0, len(rows))
+        for w in self._wins:
+            w.add(p)
+        cap = self._codec.capacity
+        pos, n = 0, len(rows)
+        while pos < n:
+            cur = self._cur
+            k = min(cap - cur.n, n - pos)
+            cur.ts[cur.n: cur.n + k] = tsa[pos: pos + k]
+            cur.data[cur.n: cur.n + k] = rows[pos: pos + k]
+            cur.n += k
+            cur.applied = cur.n
+            pos += k
+            if cur.n == cap:
+                self._seal(expire=False)
+
+    def _late(self, record: Any, ts: float) -> None:
+        if ts < self._wm - self.lateness:
+            if self.on_late == "drop":
+                self.late_dropped += 1
+                return
+            raise self._late_error(ts, self._wm)
+        if self.columns is not None:
+            row = np.asarray(record, _F8).reshape(1, -1)
+            if row.shape[1] != len(self.columns):
+                raise self._bad_record(record)
+            record = tuple(row[0].tolist())
+            p = self._partial(np.array([ts]), row, 0, 1)
+        else:
+            self._codec.record_size(record)
+            p = self._partial(np.array([ts]), [record], 0, 1)
+        self.late_accepted += 1
+        self._late_seq += 1
+        for w in self._wins:
+            if self.kind == "count" or ts > self._wm - w.range:
+                w.add(p)
+                heapq.heappush(w.late, (ts, self._late_seq, record))
+
+    def _late_error(self, ts: float, wm: float) -> ValueError:
+        return ValueError(f"timestamp {ts!r} is {wm - ts:g} behind the watermark {wm!r}, beyond "
+                          f"the allowed lateness of {self.lateness:g} (set lateness= to accept "
+                          f"it, or on_late='drop' to count and drop such tuples)")
