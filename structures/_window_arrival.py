@@ -31,12 +31,14 @@ from ._window_agg import WindowState
 __all__ = ["WindowArrival"]
 
 _F8 = np.float64
+_INFINITE_TS = "a sliding time window needs finite timestamps, got inf"
 
 
 class WindowArrival:
     """``append``, ``extend`` and late tuples, mixed into the window engine (module doc)."""
 
     kind: str
+    slide: float | None
     columns: tuple[str, ...] | None
     block_size: int
     lateness: float
@@ -164,10 +166,14 @@ class WindowArrival:
             return
         # (every comparison with a NaN is False, so a NaN anywhere takes the checked path)
         if tsa[0] >= self._wm and (tsa[1:] >= tsa[:-1]).all():
+            if tsa[-1] == math.inf and self.slide is not None:
+                raise ValueError(_INFINITE_TS)  # before any of the batch goes in
             self._ingest_time(rows, tsa)  # in order: the common case
             return
         if np.isnan(tsa).any():
             raise ValueError("a time window needs numeric timestamps, got NaN")
+        if self.slide is not None and (tsa == math.inf).any():
+            raise ValueError(_INFINITE_TS)
         prev = np.maximum.accumulate(np.concatenate(([self._wm], tsa[:-1])))
         late = np.flatnonzero(tsa < prev)
         if len(late) == 0:

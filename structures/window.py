@@ -37,7 +37,7 @@ import numpy as np
 from mlcache.errors import ConfigError
 
 from ._window_agg import Aggregate, GroupTable, WindowState, extremes, partial
-from ._window_arrival import WindowArrival
+from ._window_arrival import _INFINITE_TS, WindowArrival
 from ._window_blocks import BlockRepository, GeneralCodec, NumericCodec
 from ._window_persist import discard, dump_state, load_state
 from ._window_results import window_result
@@ -272,6 +272,8 @@ class _Windows(WindowArrival):
     # -- slides ---------------------------------------------------------------------------------
     def _slide_to(self, ts: float) -> None:
         """Emit every slide boundary ``e < ts``: the window ``(e - range, e]`` is complete."""
+        if ts == math.inf:  # infinitely many boundaries: the loop below would never end
+            raise ValueError(_INFINITE_TS)
         self._apply_pending()
         if self._next_slide == -math.inf:  # the first tuple fixes the grid of boundaries
             self._next_slide = math.ceil(ts / self.slide) * self.slide  # type: ignore[operator]

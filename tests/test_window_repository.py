@@ -257,6 +257,35 @@ def test_extend_refuses_a_nan_timestamp_anywhere(where):
     win.close()
 
 
+@pytest.mark.parametrize("numeric", [True, False])
+def test_an_infinite_timestamp_is_refused_by_a_sliding_time_window(numeric):
+    """There are infinitely many slide boundaries before an infinite timestamp: append() looped
+    forever (expiring and calling on_slide at every boundary), extend() too after ingesting
+    the batch up to it."""
+    slides: list = []
+
+    def on_slide(end, result):
+        slides.append(end)
+        assert len(slides) < 1000, "still sliding"     # fail, rather than hang, on a regression
+
+    if numeric:
+        win = SlidingWindow(10.0, columns=("v",), value="v", slide=5, on_slide=on_slide)
+    else:
+        win = SlidingWindow(10.0, value=0, slide=5, on_slide=on_slide)
+    row = (lambda v: (v,)) if numeric else (lambda v: [v])
+    win.append(row(1.0), 1.0)
+    with pytest.raises(ValueError, match="finite timestamps"):
+        win.append(row(2.0), math.inf)
+    if numeric:
+        for ts in ([6.0, math.inf], [math.inf, 7.0]):
+            with pytest.raises(ValueError, match="finite timestamps"):
+                win.extend([row(3.0), row(4.0)], ts)
+    win.append(row(5.0), 6.0)
+    assert slides == [5]
+    assert (win.result().count, win.result().sum) == (2, 6.0)
+    win.close()
+
+
 def test_reopening_with_another_configuration_is_refused(tmp_path):
     win = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
     win.append((0, 1.0, 1.0), 1.0)
