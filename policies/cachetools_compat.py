@@ -102,119 +102,129 @@ class _PolicyCache(cachetools.Cache):
         return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
-        data = self._data
         p = self._steady
-        if p is None:
-            if self._unit:  # no getsizeof, maxsize >= 1, a policy's own miss path
-                if key in data:
-                    data[key] = value
-                    self._access(key)
-                    return
-                data[key] = value
-                lost = self._miss(key)
-                try:
-                    del data[lost]  # the steady path: one key left
-                except TypeError:  # a list (unhashable): the policy's general path, any victims
-                    for victim in lost:
-                        del data[victim]
-                return
-        else:  # unit weights, W-TinyLFU itself: its steady miss, written out below
-            if key in data:
-                data[key] = value
-                access = self._access
-                access(key)
-                return
+        if p is None:  # not W-TinyLFU's own unit-weight path: no more locals here (each costs)
+            self._set(key, value)
+            return
+        data = self._data
+        # unit weights, W-TinyLFU itself: its steady miss, written out below
+        if key in data:
             data[key] = value
-            # WTinyLFUPolicy._miss, written out here (the call was ~4% of a memoized miss on the
-            # Zipf bench): the same statements on the policy's attributes, keep the two in step
-            # (test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps compares them; the
-            # window ghost's record is written out too: a call there cost ~1%).
-            pending = p._pending
-            pending[key] = pending.get(key, 0) + 1
-            if key in p._wghost or key in p._mghost:
-                p._adapt(key)
-            n = p._countdown - 1
-            p._countdown = n
-            if not n:
-                p._tick()
-            victim = p._victim
+            access = self._access
+            access(key)
+            return
+        data[key] = value
+        # WTinyLFUPolicy._miss, written out here (the call was ~4% of a memoized miss on the
+        # Zipf bench): the same statements on the policy's attributes, keep the two in step
+        # (test_tinylfu_cache_decides_exactly_like_the_policy_it_wraps compares them; the
+        # window ghost's record is written out too: a call there cost ~1%).
+        pending = p._pending
+        pending[key] = pending.get(key, 0) + 1
+        if key in p._wghost or key in p._mghost:
+            p._adapt(key)
+        n = p._countdown - 1
+        p._countdown = n
+        if not n:
+            p._tick()
+        victim = p._victim
+        if victim is _NOKEY:
+            victim = p._cache_victim()
             if victim is _NOKEY:
-                victim = p._cache_victim()
-                if victim is _NOKEY:
-                    for victim in p._add(key, 1, False):
-                        del data[victim]
-                    return
-            window = p._window
+                for victim in p._add(key, 1, False):
+                    del data[victim]
+                return
+        window = p._window
+        if p._single:
+            cand = window.popitem()[0]
+            window[key] = 1
+        else:
             window[key] = 1
             for cand in window:
                 break
             del window[cand]
-            m = hash((cand, p._seed))
-            mask = p._mask
-            i = m & mask
-            t = p._table
-            bar = p._bar - pending.get(cand, 0)
-            code = _LOST_WINDOW
-            f = t[i] & 15
-            if f >= bar:
-                if f:
-                    b = ((m >> 32) | 1) & mask
-                    i = (i + b) & mask
-                    c = t[i] >> 4
-                    if c >= bar:
-                        if c:
-                            if c < f:
-                                f = c
-                            w = p._width
-                            i = (i + b) & mask
-                            c = t[i + w] & 15
-                            if c >= bar:
-                                if c:
+        m = hash((cand, p._seed))
+        mask = p._mask
+        i = m & mask
+        t = p._table
+        bar = p._bar - pending.get(cand, 0)
+        code = _LOST_WINDOW
+        f = t[i] & 15
+        if f >= bar:
+            if f:
+                b = ((m >> 32) | 1) & mask
+                i = (i + b) & mask
+                c = t[i] >> 4
+                if c >= bar:
+                    if c:
+                        if c < f:
+                            f = c
+                        w = p._width
+                        i = (i + b) & mask
+                        c = t[i + w] & 15
+                        if c >= bar:
+                            if c:
+                                if c < f:
+                                    f = c
+                                i = (i + b) & mask
+                                c = t[i + w] >> 4
+                                if c >= bar:
                                     if c < f:
                                         f = c
-                                    i = (i + b) & mask
-                                    c = t[i + w] >> 4
-                                    if c >= bar:
-                                        if c < f:
-                                            f = c
-                                        if f != bar or not p._tie_ok:
-                                            settle = self._settle
-                                            del data[settle(cand, victim, f)]
-                                            return
-                                        p._tie = True
-                                        code = _LOST_TIE
-                                elif bar or not p._tie_ok:
-                                    settle = self._settle
-                                    del data[settle(cand, victim, 0)]
-                                    return
-                                else:
+                                    if f != bar or not p._tie_ok:
+                                        settle = self._settle
+                                        del data[settle(cand, victim, f)]
+                                        return
                                     p._tie = True
                                     code = _LOST_TIE
-                        elif bar or not p._tie_ok:
-                            settle = self._settle
-                            del data[settle(cand, victim, 0)]
-                            return
-                        else:
-                            p._tie = True
-                            code = _LOST_TIE
-                elif bar or not p._tie_ok:
-                    settle = self._settle
-                    del data[settle(cand, victim, 0)]
-                    return
-                else:
-                    p._tie = True
-                    code = _LOST_TIE
-            del data[cand]
-            ticks = p._ticks - 1
-            if ticks:
-                p._ticks = ticks
+                            elif bar or not p._tie_ok:
+                                settle = self._settle
+                                del data[settle(cand, victim, 0)]
+                                return
+                            else:
+                                p._tie = True
+                                code = _LOST_TIE
+                    elif bar or not p._tie_ok:
+                        settle = self._settle
+                        del data[settle(cand, victim, 0)]
+                        return
+                    else:
+                        p._tie = True
+                        code = _LOST_TIE
+            elif bar or not p._tie_ok:
+                settle = self._settle
+                del data[settle(cand, victim, 0)]
                 return
-            p._ticks = _SAMPLE
-            if p._adaptive:
-                ghosts = p._wghost
-                ghosts[cand] = code
-                if len(ghosts) > p._ghost_limit:
-                    ghosts.popitem(False)
+            else:
+                p._tie = True
+                code = _LOST_TIE
+        del data[cand]
+        ticks = p._ticks - 1
+        if ticks:
+            p._ticks = ticks
+            return
+        p._ticks = _SAMPLE
+        if p._adaptive:
+            ghosts = p._wghost
+            ghosts[cand] = code
+            if len(ghosts) > p._ghost_limit:
+                ghosts.popitem(False)
+        return
+
+    def _set(self, key: Hashable, value: Any) -> None:
+        """``__setitem__`` of every cache but unit-weight W-TinyLFU (TACache, ``getsizeof``)."""
+        data = self._data
+        if self._unit:  # no getsizeof, maxsize >= 1, a policy's own miss path
+            if key in data:
+                data[key] = value
+                self._access(key)
+                return
+            data[key] = value
+            lost = self._miss(key)
+            try:
+                del data[lost]  # the steady path: one key left
+            except TypeError:  # a list (unhashable): the policy's general path, any victims
+                for victim in lost:
+                    del data[victim]
             return
         if self._sizes is None:
             raise ValueError("value too large")  # maxsize 0

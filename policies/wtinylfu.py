@@ -153,6 +153,7 @@ class WTinyLFUPolicy(BasePolicy):
         self._victim_freq = 0
         self._bar = 0  # min(_victim_freq, _WARM): a candidate below it loses (see _miss)
         self._tie_ok = False  # a candidate at the bar loses a tie, no chance draw (see _miss)
+        self._single = False  # steady with a one-entry window (see _miss)
         self._unit = True  # every weight so far is 1
         self._steady = False  # full, unit weights, window at its target: see _add
 
@@ -366,10 +367,14 @@ class WTinyLFUPolicy(BasePolicy):
             if victim is _NOKEY:
                 return self._add(key, 1, False)
         window = self._window
-        window[key] = 1
-        for cand in window:  # the LRU end: popitem(False) cost more (see _shape_window)
-            break
-        del window[cand]
+        if self._single:  # a one-entry window: it is its LRU end, and popitem() takes it
+            cand = window.popitem()[0]  # (LIFO: a dict then never grows nor resizes)
+            window[key] = 1
+        else:
+            window[key] = 1
+            for cand in window:  # the LRU end: popitem(False) cost more (see _shape_window)
+                break
+            del window[cand]
         m = hash((cand, self._seed))
         mask = self._mask
         i = m & mask  # from here on small ints: 64-bit ones are multi-digit PyLongs, slower
@@ -494,6 +499,7 @@ class WTinyLFUPolicy(BasePolicy):
         # to incumbents), else _settle decides. (_tie_score moves only in _adapt, which
         # drops the cached victim.)
         self._tie_ok = 0 < vf < _WARM and self._tie_score <= 0
+        self._single = self._window_max < 2.0  # steady: the window holds one entry
         return victim
 
     def _add(self, key: Hashable, weight: int = 1, count: bool = True) -> list:

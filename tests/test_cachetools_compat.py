@@ -230,11 +230,12 @@ def test_tinylfu_cache_honours_a_policy_subclass_with_its_own_miss_path():
     assert plain._steady is plain._policy and cache._steady is None
 
 
-def test_ties_refused_inline_decide_like_settle():
+def test_steady_miss_shortcuts_decide_like_the_general_steps():
     # The steady miss refuses a candidate that ties with a cold victim itself (ties go to the
-    # incumbent, no chance draw) instead of calling _settle. With that shortcut disabled
-    # (_tie_ok never set) every tie goes through _settle/_decide: the cache and the policy
-    # must play the trace the same either way, ghosts and their tie marks included.
+    # incumbent, no chance draw) instead of calling _settle, and takes a one-entry window's
+    # only key with popitem(). With both shortcuts disabled (_tie_ok and _single never set)
+    # every tie goes through _settle/_decide and every window through its LRU end: the cache
+    # and the policy must play the trace the same either way, ghosts and tie marks included.
     from mlcache.bench.policies import _memoize_pass
     from mlcache.policies.wtinylfu import WTinyLFUPolicy
     from mlcache.sim import play, zipf
@@ -242,7 +243,7 @@ def test_ties_refused_inline_decide_like_settle():
     class NoShortcut(WTinyLFUPolicy):
         def _cache_victim(self):
             victim = super()._cache_victim()
-            self._tie_ok = False
+            self._tie_ok = self._single = False
             return victim
 
     class NoShortcutCache(TinyLFUCache):
@@ -250,11 +251,14 @@ def test_ties_refused_inline_decide_like_settle():
 
     keys = zipf(30_000, n_keys=3_000, alpha=0.9, seed=9).keys
     keys += list(range(10_000, 10_300)) * 3
-    runs = []
+    runs, single = [], 0
     for cache, policy in ((TinyLFUCache(200), WTinyLFUPolicy(200)),
                           (NoShortcutCache(200), NoShortcut(200))):
         assert cache._steady is cache._policy  # the inlined miss path in both
-        hits, _ = _memoize_pass(cache, keys)
+        hits = 0
+        for i in range(0, len(keys), 100):
+            hits += _memoize_pass(cache, keys[i:i + 100])[0]
+            single += cache._policy._single
         result = play(policy, keys)
         p = cache._policy
         runs.append((hits, result.hits, sorted(cache), sorted(policy.keys()),
@@ -262,3 +266,4 @@ def test_ties_refused_inline_decide_like_settle():
     assert runs[0] == runs[1]
     assert runs[0][0] == runs[0][1]
     assert any(code & 4 for _, code in runs[0][4])  # ties were refused and remembered
+    assert single  # the one-entry window was taken
