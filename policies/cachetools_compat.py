@@ -26,8 +26,9 @@ from typing import Any, Callable, Hashable, Iterator
 
 import cachetools
 
+from ._wtinylfu_miss import _LOST_TIE, _LOST_WINDOW, _NOKEY, _SAMPLE
 from .tac import TACPolicy
-from .wtinylfu import _LOST_TIE, _LOST_WINDOW, _NOKEY, _SAMPLE, WTinyLFUPolicy
+from .wtinylfu import WTinyLFUPolicy
 
 __all__ = ["TinyLFUCache", "TACache"]
 
