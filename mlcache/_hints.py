@@ -64,9 +64,10 @@ class HintBuffer:
             it = iter(pending)
             kb = next(it)
             if kb == skip:
-                kb = next(it, None)
-                if kb is None:
+                after = next(it, None)
+                if after is None:
                     break
+                kb = after
             entry = pending.pop(kb)
             ts, t0 = entry[0], entry[1]
             if ts < min_ts:

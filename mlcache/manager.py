@@ -21,6 +21,7 @@ beside the entries (:mod:`mlcache._heapbudget`) and the key memo (:mod:`mlcache.
 """
 from __future__ import annotations
 
+import builtins
 import importlib
 import itertools
 import os
@@ -505,7 +506,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
 
     # -- stats ---------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> builtins.dict[str, Any]:   # (``dict`` here is the method above)
         with self._lock:
             self._apply_reads()
             heap_extra: dict[str, Any] = {"hits": self._hits}
