@@ -3,11 +3,11 @@ the event-time clock.
 
 Kept apart from the manager because none of it is on the get/put path. A hint for a resident
 key goes to the heap's policy (TAC renews the entry), one for an absent key to the prefetcher,
-which is created on the first hint and again in a forked child (imported lazily: a build
-without :mod:`mlcache.prefetch` falls back to policy hints). The lookahead operator advances an
-event-time policy's clock as it hands records over. While prefetched keys wait for their first
-use, the hits replayed to the policy are reported to the prefetcher, so a heap hit itself pays
-nothing for the accounting.
+which is created on first use (a hint or a lookahead operator) and again in a forked child
+(imported lazily: a build without :mod:`mlcache.prefetch` falls back to policy hints). The
+lookahead operator advances an event-time policy's clock as it hands records over. While
+prefetched keys wait for their first use, the hits replayed to the policy are reported to the
+prefetcher, so a heap hit itself pays nothing for the accounting.
 """
 from __future__ import annotations
 

@@ -36,9 +36,9 @@ installs over a newer value. Staging is bounded (``staged_max_keys``/``staged_ma
 
 Costs per hint: one dict lookup (residency), one buffered sketch increment (+ a 4-row estimate
 for a resident key, while the filter is on), and for a resident key one policy hint (TAC: an
-entry update, O(1); its heap item moves lazily) — no lock on these paths. A queued key costs one lock round and a dict insert; its fetch costs
-1/batch_size of a batched read plus its decode and heap insert. Per use: a lock-free check of
-the buffer and one dict pop.
+entry update, O(1); its heap item moves lazily) — no lock on these paths. A queued key costs
+one lock round and a dict insert; its fetch costs 1/batch_size of a batched read plus its
+decode and heap insert. Per use: a lock-free check of the buffer and one dict pop.
 
 * **Hot-key filter.** Every hint increments the 4-bit count-min sketch (:mod:`mlcache.sketch`,
   aged by halving; increments buffered and applied in numpy batches). A *resident* key whose
@@ -49,8 +49,9 @@ the buffer and one dict pop.
   ``hot_threshold=16`` disables it. The filter judges itself: in windows of 4096 hints, one in
   which it dropped under a quarter of them switches it off for 15 windows (no counting, no
   estimates), after which it runs a window again (``Prefetcher._hot_window``): on keys with
-  little skew (Zipf 0.6: ~6% dropped) it cost ~2 us per hint to save ~1 us per dropped hint. The default 12 was chosen on the YSB-like Zipf 1.0 workload
-  (see docs/implementation/keyed-prefetching.md): lower thresholds drop more hints but leave hot
+  little skew (Zipf 0.6: ~6% dropped) it cost ~2 us per hint to save ~1 us per dropped hint.
+  The default 12 was chosen on the YSB-like Zipf 1.0 workload (see
+  docs/implementation/keyed-prefetching.md): lower thresholds drop more hints but leave hot
   entries un-renewed in TAC, and the hit ratio starts to fall.
 * **Hint buffer.** A dict keyed by the canonical key bytes, insertion-ordered, so re-hinting a
   key is O(1) and keeps one entry (latest ts); fetch threads take the oldest entries first,
@@ -141,7 +142,10 @@ def quantile(data: list[float], q: float) -> float | None:
 
 
 class Prefetcher(BatchReads, StagedReads):
-    """The manager's prefetch engine: hint buffer, hot-key filter, fetch threads, statistics."""
+    """The manager's prefetch engine: hint buffer, hot-key filter, fetch threads, statistics.
+
+    The hint path, uses and statistics are here; reading batches and staging come from its
+    mixins (``mlcache._batchreads.BatchReads``, ``mlcache._staging.StagedReads``)."""
 
     def __init__(self, manager: Any) -> None:
         self.config = manager.config.prefetch
