@@ -63,6 +63,11 @@ class GroupTable:
     def code(self, key: Hashable) -> int:
         c = self.index.get(key)
         if c is None:
+            if type(key) is float and math.isnan(key):  # NaN is one group, whatever holds it
+                key = math.nan
+                c = self.index.get(key)
+                if c is not None:
+                    return c
             c = self.index[key] = len(self.keys)
             self.keys.append(key)
         return c
@@ -76,6 +81,10 @@ class GroupTable:
             hit = known[pos] == uniq if len(known) else np.zeros(len(uniq), bool)
             if hit.all():
                 return self._sorted_codes[pos], inv
+            if len(known):  # NaN equals nothing, not even NaN: a known NaN is matched as such
+                hit |= np.isnan(uniq) & np.isnan(known[pos])
+                if hit.all():
+                    return self._sorted_codes[pos], inv
             codes = np.empty(len(uniq), np.int64)
             codes[hit] = self._sorted_codes[pos[hit]]
             new = np.flatnonzero(~hit)

@@ -172,7 +172,8 @@ class _Windows(WindowArrival):
             vals = (np.fromiter(map(self._vf, recs), _F8, n) if self._vf is not None
                     else np.zeros(n))
             wts = np.fromiter(map(self._wf, recs), _F8, n) if self._wf is not None else None
-            g = [_hashable(k) for k in map(self._gf, recs)] if self._gf is not None else None
+            g = ([k if type(k) in _PLAIN_KEYS else _hashable(k) for k in map(self._gf, recs)]
+                 if self._gf is not None else None)
         return partial(vals, wts, g, self._groups)
 
     def _apply_pending(self) -> None:
@@ -378,8 +379,17 @@ def _getter(spec: Any) -> Callable[[Any], Any] | None:
     return operator.itemgetter(spec)
 
 
+_PLAIN_KEYS = frozenset((str, int, bytes, bool))  # group keys hashable as they are, never NaN
+
+
 def _hashable(k: Any) -> Hashable:
-    return tuple(_hashable(v) for v in k) if isinstance(k, list) else k
+    """A group key as one hashable value: lists (and tuples, as keys come back from the data
+    file) as tuples, every NaN as the one ``math.nan`` (NaN != NaN would split its group)."""
+    if isinstance(k, (list, tuple)):
+        return tuple(_hashable(v) for v in k)
+    if type(k) is float and math.isnan(k):
+        return math.nan
+    return k
 
 
 class SlidingWindow(_Windows):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,4 +137,37 @@ def test_aggregates_equal_exact_recomputation_on_every_slide(
         got = win.results() if shared else [win.result()]
         for g, r in zip(got, ranges):
             same(g, exact(oracle.window(r), grouped=grouped, minmax=minmax))
+    win.close()
+
+
+@pytest.mark.parametrize("numeric", [True, False])
+@pytest.mark.parametrize("reopen", [False, True])
+@pytest.mark.parametrize("minmax", [False, True])
+def test_nan_group_keys_are_one_group(numeric, reopen, minmax, tmp_path):
+    """Every NaN group key became a group of its own (NaN != NaN), so expiry subtracted from
+    other groups than arrival had added to: negative counts, and a new group per slice."""
+    opts = {"kind": "count", "block_size": 256, "minmax": minmax, "directory": tmp_path}
+    if numeric:
+        opts.update(columns=COLUMNS, value="v", weight="w", group_by="g")
+    else:
+        opts.update(value=1, weight=2, group_by=0)
+
+    def make():
+        return SlidingWindow(40, **opts)
+
+    win = make()
+    rows = [(math.nan if i % 3 else 1.0, float(i % 5), 1.0 + i % 2) for i in range(300)]
+    for i, (g, v, w) in enumerate(rows):
+        win.append((g, v, w) if numeric else [g, v, w])
+        if reopen and i == 150:
+            win.close()
+            win = make()
+    got = win.result()
+    want = exact(rows[-40:], grouped=True, minmax=minmax)       # two groups: 1.0 and one NaN
+    nan_got = [k for k in got if isinstance(k, float) and math.isnan(k)]
+    assert len(got) == 2 and len(nan_got) == 1, got
+    nan_want = next(k for k in want if math.isnan(k))
+    same(got[nan_got[0]], want[nan_want])
+    same(got[1.0], want[1.0])
+    assert len(win._groups) == 2
     win.close()
