@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .codec import Encoded
 from .errors import CacheError, IntegrityError
@@ -204,6 +204,13 @@ class ReadPath:
     _track: bool
     _hits: int
     _weighers: list[tuple[bytes, Any]]
+    _reads: list[bytes]
+    _reads_ts: list[tuple[bytes, float]]
+    _records: Any
+    _check_open: Callable[[], None]
+    _apply_reads: Callable[[], None]
+    _describe_key: Callable[[bytes], Any]
+    _handle_victims: Callable[..., Any]
 
     def _load_into_heap(self, keys_bytes: Iterable[bytes], ts: float | None = None, *,
                         prefetch: bool = False) -> dict[bytes, Any]:
@@ -236,7 +243,7 @@ class ReadPath:
                     # by another thread; checked with C-level set operations over the batch.
                     mine = todo
                     misses = len(todo)
-                    todo = ()
+                    todo = []
                 # Else per key, only dict and set lookups: this loop runs for every key.
                 for kb in todo:
                     value = data.get(kb, MISSING)
@@ -253,12 +260,12 @@ class ReadPath:
                         misses += 1
                         continue
                     if loading:
-                        load = loading.get(kb)
-                        if load is not None:
+                        other = loading.get(kb)
+                        if other is not None:
                             if prefetch:
                                 continue
                             if rounds < 3:
-                                waits.append(load.done)   # under the lock: see _Load
+                                waits.append(other.done)   # under the lock: see _Load
                                 retry.append(kb)
                                 continue
                             # Still loading after two waits: read it ourselves, don't spin.
@@ -314,7 +321,7 @@ class ReadPath:
         with self._lock:
             if wb.wseq == seq and seq % 2 == 0:
                 self._resolve(keys, found, values, timings, out, ts, prefetch, True)
-                if load is not None:
+                if load is not None and loading is not None:
                     _unmark(keys, load, loading)
                     return True
                 return False
@@ -326,7 +333,7 @@ class ReadPath:
                 if keep:
                     self._resolve(keep, found, values, timings, out, ts, prefetch)
                     if len(keep) == len(keys):
-                        return
+                        return False
                     keys = [kb for kb in keys if kb in moved]
         # Keys a write moved (or any key, when the write could not say which it moves): read
         # them again while no write can run.
