@@ -47,6 +47,11 @@ return epoch
 """
 
 
+def _text(raw: bytes | str) -> str:
+    """A Redis reply as text (the client returns bytes; a str passes through)."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def redact_url(url: str) -> str:
     """The URL with any password replaced, for error messages."""
     return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", url)
@@ -98,14 +103,14 @@ class RedisEpochStore:
 
     def creations(self) -> dict[str, int]:
         raw = self._client.hgetall(f"{self._base}:creations")
-        return {k.decode(): int(v) for k, v in raw.items()}
+        return {_text(k): int(v) for k, v in raw.items()}
 
     def record_stats(self, worker: str, stats: str) -> None:
         self._client.hset(f"{self._base}:stats", worker, stats)
 
     def worker_stats(self) -> dict[str, str]:
         raw = self._client.hgetall(f"{self._base}:stats")
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return {_text(k): _text(v) for k, v in raw.items()}
 
     def mark_committed(self, scope: str, batch_id: int) -> None:
         self._client.set(f"{self._base}:committed:{scope}", int(batch_id))

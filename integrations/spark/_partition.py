@@ -182,7 +182,8 @@ class _Run:
             self.ctx.store.record_stats(self.ctx.worker, json.dumps(stats, default=str))
 
 
-def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterable[Any]) -> Iterator[Any]:
+def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterable[Any], /
+          ) -> Iterator[Any]:
     run = _Run(spec)
     completed = False
     try:
@@ -352,7 +353,8 @@ def _row_ts(row: tuple[Any, int, Any, float]) -> float:
     return row[3]
 
 
-def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Iterable[Any]) -> Iterator[Any]:
+def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Iterable[Any], /
+            ) -> Iterator[Any]:
     run = _Run(spec)
     completed = False
     try:
@@ -422,4 +424,4 @@ def as_pandas_udf(pf: PandasFunction, user_fn: Callable[..., Any], return_type: 
 
     batches_udf.__annotations__ = {"batches": hints[params[0]], "return": hints["return"]}
     batches_udf.__name__ = getattr(user_fn, "__name__", "batches_udf")
-    return pandas_udf(batches_udf, return_type)
+    return pandas_udf(batches_udf, return_type)  # type: ignore[call-overload]  # hints set above

@@ -83,6 +83,8 @@ class PlainView:
     """A namespace used directly: plain partition jobs with no batch id."""
 
     versioned = False
+    # set by the scope: how a lookahead operator over this view reaches the prefetcher
+    _prefetch_target: Callable[..., Any] | None = None
 
     def __init__(self, ns: Any) -> None:
         self.ns = ns
@@ -133,6 +135,7 @@ class BatchView:
     """A namespace seen from one attempt of one micro-batch (see the module docstring)."""
 
     versioned = True
+    _prefetch_target: Callable[..., Any] | None = None   # as PlainView's
 
     def __init__(self, ns: Any, batch_id: int, attempt: str) -> None:
         self.ns = ns
