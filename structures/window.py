@@ -59,7 +59,7 @@ class _Windows(WindowArrival):
                  group_by: Any = None, minmax: bool = False, block_size: int = 65536,
                  buffer_blocks: int = 2, directory: str | os.PathLike | None = None,
                  lateness: float = 0.0, on_late: str = "raise") -> None:
-        self._validate(ranges, kind, slide, block_size, lateness, on_late)
+        self._validate(ranges, kind, slide, block_size, buffer_blocks, lateness, on_late)
         self.kind = kind
         self.ranges = [float(r) if kind == "time" else int(r) for r in ranges]
         self.slide = int(slide) if kind == "count" and slide is not None else slide
@@ -122,7 +122,7 @@ class _Windows(WindowArrival):
     # -- validation --------------------------------------------------------------------------
     @staticmethod
     def _validate(ranges: Sequence[float], kind: str, slide: float | None, block_size: int,
-                  lateness: float, on_late: str) -> None:
+                  buffer_blocks: int, lateness: float, on_late: str) -> None:
         if kind not in ("time", "count"):
             raise ConfigError("kind", f"must be 'time' or 'count', got {kind!r}")
         if not ranges:
@@ -141,6 +141,11 @@ class _Windows(WindowArrival):
             raise ConfigError("slide", f"a count window slides by whole tuples, got {slide!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 64:
             raise ConfigError("block_size", f"must be an integer >= 64 bytes, got {block_size!r}")
+        # (checked here, before the directory: a temporary one was left behind on refusal)
+        if isinstance(buffer_blocks, bool) or not isinstance(buffer_blocks, int) \
+                or buffer_blocks < 2:
+            raise ConfigError("buffer_blocks", f"must be an integer, at least 2 (one recent, one "
+                              f"ancient block), got {buffer_blocks!r}")
         if isinstance(lateness, bool) or not isinstance(lateness, (int, float)) \
                 or not lateness >= 0:
             raise ConfigError("lateness", f"must be a number >= 0, got {lateness!r}")

@@ -286,6 +286,21 @@ def test_an_infinite_timestamp_is_refused_by_a_sliding_time_window(numeric):
     win.close()
 
 
+def test_refused_buffer_blocks_leave_no_temporary_directory(tmp_path, monkeypatch):
+    """buffer_blocks was checked only after the window had made its temporary directory and
+    data file, which stayed behind; a string or a float failed with a TypeError or a
+    ConfigError naming the policy's capacity."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for bad in (1, 0, "2", 2.5, True):
+        with pytest.raises(ConfigError, match="buffer_blocks: .*at least 2"):
+            SlidingWindow(10.0, buffer_blocks=bad)
+        with pytest.raises(ConfigError, match="buffer_blocks"):
+            SharedWindows([1.0, 2.0], columns=COLS, buffer_blocks=bad)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_reopening_with_another_configuration_is_refused(tmp_path):
     win = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
     win.append((0, 1.0, 1.0), 1.0)
