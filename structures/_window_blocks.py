@@ -17,6 +17,7 @@ Two codecs encode tuples:
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 from array import array
@@ -293,24 +294,30 @@ class BlockRepository:
 
     # -- internals -----------------------------------------------------------------------------
     def _evict(self, seq: int) -> None:
-        blk = self.resident.pop(seq)
+        blk = self.resident[seq]
         if blk.dirty:
-            self._write(blk)
+            self._write(blk)  # first: a block whose write failed stays in memory, dirty
+        del self.resident[seq]
 
     def _write(self, blk: Block) -> None:
         t = self.table
         i = t.index(blk.seq)
         slot = t.slot[i]
-        if slot < 0:
-            if self.free_slots:
-                slot = self.free_slots.pop()
-            else:
-                slot = self.file_slots
-                self.file_slots += 1
+        new = slot < 0
+        reused = new and bool(self.free_slots)
+        if new:  # a slot is taken only once the block is written (a failed write keeps none)
+            slot = self.free_slots[-1] if reused else self.file_slots
         buf = self.codec.encode(blk)
         t0 = time.perf_counter()
-        os.pwrite(self._fd, buf, slot * self.block_size)
+        written = os.pwrite(self._fd, buf, slot * self.block_size)
         self.io_seconds += time.perf_counter() - t0
+        if written != len(buf):
+            raise OSError(errno.ENOSPC, f"block {blk.seq}: wrote {written} of {len(buf)} bytes "
+                          f"to {self.path}")
+        if reused:
+            self.free_slots.pop()
+        elif new:
+            self.file_slots += 1
         t.slot[i] = slot
         t.nbytes[i] = len(buf)
         blk.dirty = False

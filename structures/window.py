@@ -200,8 +200,8 @@ class _Windows(WindowArrival):
             codes, lo, hi = extremes(self._partial(cur.ts, cur.data, 0, cur.n))
             for w in self._wins:
                 w.push_block(cur.seq, codes, lo, hi)
-        self._repo.add_sealed(cur)
         self._cur = self._codec.new_block(cur.seq + 1, cur.start + cur.n)
+        self._repo.add_sealed(cur)  # last: if a spilled block's write fails, cur is sealed
         if expire:
             self._expire()
 

@@ -301,6 +301,45 @@ def test_refused_buffer_blocks_leave_no_temporary_directory(tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["count", "time"])
+def test_a_failed_block_write_loses_nothing(kind, tmp_path, monkeypatch):
+    """A block spilled from the pool left memory before its write: when the write failed (a
+    full disk) the block was gone, the window's later expiry read it from slot -1 and failed
+    for good, and the recent block was never replaced by a fresh one."""
+    import errno
+    import os
+
+    win = SlidingWindow(10 * CAP, kind=kind, columns=COLS, value="v", block_size=256,
+                        directory=tmp_path)
+    write = os.pwrite
+    failures = []
+
+    def full_disk(fd, data, offset):
+        if len(failures) < 2:
+            failures.append(offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data, offset)
+
+    oracle = Oracle(kind, [10 * CAP])
+    for i in range(40 * CAP):
+        row, ts = (i % 3, float(i % 7), 1.0), float(i)
+        if i == 12 * CAP:
+            monkeypatch.setattr(os, "pwrite", full_disk)
+        try:
+            win.append(row, ts)
+        except OSError:
+            pass                                  # the tuple is in; the spill waits
+        oracle.rows.append((ts, row))
+    monkeypatch.setattr(os, "pwrite", write)
+    assert len(failures) == 2
+    same(win.result(), exact(oracle.window(10 * CAP), grouped=False, minmax=False))
+    win.close()
+    again = SlidingWindow(10 * CAP, kind=kind, columns=COLS, value="v", block_size=256,
+                          directory=tmp_path)
+    same(again.result(), exact(oracle.window(10 * CAP), grouped=False, minmax=False))
+    again.close()
+
+
 def test_reopening_with_another_configuration_is_refused(tmp_path):
     win = SlidingWindow(10.0, columns=COLS, value="v", directory=tmp_path)
     win.append((0, 1.0, 1.0), 1.0)
