@@ -63,11 +63,12 @@ class GroupTable:
     def code(self, key: Hashable) -> int:
         c = self.index.get(key)
         if c is None:
-            if type(key) is float and math.isnan(key):  # NaN is one group, whatever holds it
-                key = math.nan
-                c = self.index.get(key)
+            canon = _canonical(key)  # NaN is one group, whatever float object holds it
+            if canon is not key:     # (keys read back from the metadata file hold new ones)
+                c = self.index.get(canon)
                 if c is not None:
                     return c
+                key = canon
             c = self.index[key] = len(self.keys)
             self.keys.append(key)
         return c
@@ -102,6 +103,12 @@ class GroupTable:
 
     def key(self, code: int) -> Hashable:
         return self.keys[code]
+
+
+def _canonical(k: Hashable) -> Hashable:
+    if type(k) is tuple:
+        return tuple(_canonical(v) for v in k)
+    return math.nan if type(k) is float and math.isnan(k) else k
 
 
 def _num_key(k: float) -> Hashable:

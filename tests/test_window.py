@@ -171,3 +171,21 @@ def test_nan_group_keys_are_one_group(numeric, reopen, minmax, tmp_path):
     same(got[1.0], want[1.0])
     assert len(win._groups) == 2
     win.close()
+
+
+def test_nan_inside_tuple_group_keys_is_one_group_after_reopening(tmp_path):
+    """A tuple group key holding a NaN read back from the metadata file held another NaN
+    object than the live keys, so the group split in two at the reopen."""
+    opts = {"kind": "count", "block_size": 256, "value": 1, "group_by": 0,
+            "directory": tmp_path}
+    win = SlidingWindow(30, **opts)
+    rows = [[["x", math.nan] if i % 2 else ["y", 1.0], float(i), 1.0] for i in range(100)]
+    for i, row in enumerate(rows):
+        win.append(row)
+        if i == 50:
+            win.close()
+            win = SlidingWindow(30, **opts)
+    got = win.result()
+    assert len(got) == 2, got
+    assert sorted(agg.count for agg in got.values()) == [15, 15]
+    win.close()
