@@ -145,10 +145,21 @@ class WindowArrival:
             batch = [p[0] for p in pairs]
             ts = [p[1] for p in pairs]
         if self.columns is None:
-            tss = [None] * len(batch) if ts is None else ts
-            for rec, t in zip(batch, tss):
+            records = list(batch)   # any iterable, a generator too
+            if ts is None:
+                for rec in records:
+                    self.append(rec)
+                return
+            tss = list(ts)
+            # zip would drop the records past the shorter side without a word
+            if len(tss) != len(records):
+                raise ValueError(f"extend() got {len(records)} records and {len(tss)} "
+                                 "timestamps")
+            for rec, t in zip(records, tss):
                 self.append(rec, t)
             return
+        if not hasattr(batch, "__len__"):
+            batch = list(batch)   # numpy reads a generator as one object
         rows = np.asarray(batch, _F8)
         n = len(rows)
         if n == 0:

@@ -393,3 +393,26 @@ def test_long_streams_compact_the_block_table(tmp_path):
     again.extend([(0, 1.0, 1.0)] * 5)
     assert again.result().sum == sum(range(9_985, 10_000)) + 5
     again.close()
+
+
+def test_extend_takes_a_generator_of_general_records():
+    # regression: a count window of general records called len() on the batch
+    win = SlidingWindow(3, kind="count")
+    win.extend(f"r{i}" for i in range(5))
+    assert win.result().count == 3
+    numeric = SlidingWindow(3, kind="count", columns=("v",), value="v")
+    numeric.extend((float(i),) for i in range(5))
+    assert numeric.result().count == 3
+    win.close()
+    numeric.close()
+
+
+def test_extend_refuses_records_and_timestamps_of_different_lengths():
+    # regression: zip dropped the records past the shorter side, silently
+    win = SlidingWindow(10.0)
+    with pytest.raises(ValueError, match="3 records and 2 timestamps"):
+        win.extend(["a", "b", "c"], [1.0, 2.0])
+    assert win.result().count == 0
+    win.extend(["a", "b"], [1.0, 2.0])
+    assert win.result().count == 2
+    win.close()
