@@ -35,8 +35,8 @@ the steady state of a full unit-weight cache (one candidate meets one victim, no
 changes) has its own inlined path (``_miss``, in :mod:`._wtinylfu_miss`): the probation
 victim and its estimate are cached until probation's head or the sketch changes, and the
 candidate's estimate is inlined, stopping after the first row when that row already proves it
-cannot win (most candidates are cold). The sketch and the random admission are seeded with a fixed default, so results are
-reproducible (keys' hashes themselves stay process-local).
+cannot win (most candidates are cold). The sketch and the random admission are seeded with a
+fixed default, so results are reproducible (keys' hashes themselves stay process-local).
 
 Ties (equal estimates) go to the incumbent, as in Caffeine — unless the ghosts show that the
 newcomers refused on ties keep coming back sooner than the incumbents they would have
