@@ -214,6 +214,7 @@ class PrefetchConfig:
     fetch_mode: str = "auto"
 
     def __post_init__(self) -> None:
+        _flag("prefetch.enabled", self.enabled)
         _positive("prefetch.fetch_threads", self.fetch_threads, allow_none=False)
         _positive("prefetch.batch_size", self.batch_size, allow_none=False)
         if (isinstance(self.hot_threshold, bool) or not isinstance(self.hot_threshold, int)

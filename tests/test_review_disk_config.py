@@ -1,0 +1,26 @@
+"""Regression tests from the session-6 review of the disk level, the config, inspect and the
+simulator's readers: each test names the defect it pins down."""
+from __future__ import annotations
+
+import gzip
+import math
+import sqlite3
+import time
+
+import pytest
+
+from mlcache.config import CacheConfig, DedupConfig, DiskConfig, PrefetchConfig
+from mlcache.errors import ConfigError
+from mlcache.sim import TraceFormatError, read_trace
+from mlcache.sim.cli import main as simulate_main
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["no", "false", 0, 1, None])
+def test_prefetch_enabled_must_be_a_bool(value):
+    # "false" from a conf file is truthy: it switched prefetching on instead of off
+    with pytest.raises(ConfigError, match="prefetch.enabled"):
+        PrefetchConfig(enabled=value)
+    with pytest.raises(ConfigError, match="prefetch.enabled"):
+        CacheConfig.from_dict({"prefetch": {"enabled": value}})
