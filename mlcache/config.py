@@ -251,7 +251,9 @@ class DedupConfig:
         _positive("dedup.max_bytes_buffering", self.max_bytes_buffering)
         if self.commit_interval is not None and (
             isinstance(self.commit_interval, bool)
-            or not isinstance(self.commit_interval, (int, float)) or self.commit_interval <= 0
+            # ``not > 0`` also refuses NaN (it compares False with every commit time, so the
+            # dirty set was forwarded on every write)
+            or not isinstance(self.commit_interval, (int, float)) or not self.commit_interval > 0
         ):
             raise ConfigError("dedup.commit_interval",
                               f"must be a positive number or None, got {self.commit_interval!r}")

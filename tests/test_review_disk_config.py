@@ -24,3 +24,11 @@ def test_prefetch_enabled_must_be_a_bool(value):
         PrefetchConfig(enabled=value)
     with pytest.raises(ConfigError, match="prefetch.enabled"):
         CacheConfig.from_dict({"prefetch": {"enabled": value}})
+
+
+def test_dedup_commit_interval_refuses_nan():
+    # NaN passed the "<= 0" test; every comparison with the next commit time was then False,
+    # so the record cache forwarded its dirty set on every single write
+    with pytest.raises(ConfigError, match="dedup.commit_interval"):
+        DedupConfig(commit_interval=math.nan)
+    assert DedupConfig(commit_interval=0.5).commit_interval == 0.5
