@@ -32,3 +32,16 @@ def test_dedup_commit_interval_refuses_nan():
     with pytest.raises(ConfigError, match="dedup.commit_interval"):
         DedupConfig(commit_interval=math.nan)
     assert DedupConfig(commit_interval=0.5).commit_interval == 0.5
+
+
+# -- simulator trace readers ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["keys", "csv"])
+def test_a_key_of_unicode_digits_is_a_string_key(tmp_path, fmt):
+    # "²".isdigit() is True but int("²") fails: the reader died with a bare ValueError that
+    # named neither the file nor the line
+    path = tmp_path / "sup.txt"
+    path.write_text("1\n\u00b2\n7\n", encoding="utf-8")
+    trace = read_trace(f"{fmt}:{path}")
+    assert trace.keys == [1, "\u00b2", 7]
+    assert trace.skipped == 0

@@ -79,7 +79,12 @@ def _is_number(text: str) -> bool:
 
 
 def _int_key(text: str) -> Hashable:
-    return int(text) if text.isdigit() else text
+    if text.isdigit():
+        try:
+            return int(text)
+        except ValueError:
+            pass    # digits int() does not read, e.g. "²": a string key like any other
+    return text
 
 
 class _Lines:
