@@ -45,3 +45,21 @@ def test_a_key_of_unicode_digits_is_a_string_key(tmp_path, fmt):
     trace = read_trace(f"{fmt}:{path}")
     assert trace.keys == [1, "\u00b2", 7]
     assert trace.skipped == 0
+
+
+def test_a_truncated_or_corrupt_gzip_trace_names_file_and_line(tmp_path, capsys):
+    # a truncated .gz died with a bare EOFError (a corrupt one with BadGzipFile) naming
+    # neither the file nor the line, and `mlcache simulate` printed a traceback
+    data = gzip.compress(b"".join(b"%d\n" % i for i in range(20000)))
+    cut = tmp_path / "cut.trace.gz"
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(f"lirs:{cut}", skip_bad_lines=True)
+    assert info.value.path == str(cut) and 1 < info.value.line <= 20000
+    assert str(cut) in str(info.value)
+    bad = tmp_path / "bad.gz"
+    bad.write_bytes(b"\x1f\x8b" + b"not a gzip stream" * 4)
+    with pytest.raises(TraceFormatError, match="bad.gz:1:"):
+        read_trace(f"keys:{bad}")
+    assert simulate_main(["--trace", f"arc:{cut}", "--no-plot", "--no-progress"]) == 2
+    assert str(cut) in capsys.readouterr().err

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import IO, Callable, Hashable, Iterator
 
@@ -99,6 +100,23 @@ class _Lines:
         if not self.skip:
             raise TraceFormatError(self.path, lineno, f"{why}: {line[:80]!r}")
         self.skipped += 1
+
+
+# A truncated or corrupt gzip stream (or an I/O error) surfaces while the lines are iterated.
+_UNREADABLE = (EOFError, OSError, zlib.error)
+
+
+def _unreadable(path: str, exc: BaseException) -> TraceFormatError:
+    """The error for a file that cannot be read to its end, at the first line it lacks."""
+    good = 0
+    try:
+        with _open_text(path) as fh:
+            for good, _ in enumerate(fh, 1):
+                pass
+    except _UNREADABLE:
+        pass
+    return TraceFormatError(path, good + 1, f"cannot read the file past line {good} "
+                                            f"({type(exc).__name__}: {exc})")
 
 
 def _read_arc(path: str, lines: _Lines, out: list) -> None:
@@ -195,14 +213,18 @@ def read_trace(spec: str, *, skip_bad_lines: bool = False, fmt: str | None = Non
     lines = _Lines(path, skip_bad_lines)
     keys: list = []
     trace = Trace(name=os.path.basename(path).split(".")[0], keys=keys)
-    if fmt == "csv":
-        ts: list = []
-        weights: list = []
-        _read_csv(path, lines, keys, ts, weights)
-        trace.ts = ts
-        trace.weights = weights if any(w != 1 for w in weights) else None
-    else:
-        FORMATS[fmt](path, lines, keys)
+    try:
+        if fmt == "csv":
+            ts: list = []
+            weights: list = []
+            _read_csv(path, lines, keys, ts, weights)
+            trace.ts = ts
+            trace.weights = weights if any(w != 1 for w in weights) else None
+        else:
+            FORMATS[fmt](path, lines, keys)
+    except _UNREADABLE as exc:
+        # (a truncated .gz died with a bare EOFError naming neither the file nor the line)
+        raise _unreadable(path, exc) from exc
     trace.skipped = lines.skipped
     trace.meta["format"] = fmt
     trace.meta["path"] = path
