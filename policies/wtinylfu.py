@@ -198,7 +198,10 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
                 self._promote(key)
             elif key in self._window:
                 window = self._window
-                window[key] = window.pop(key)  # to the MRU end (a dict or an OrderedDict)
+                if type(window) is dict:  # to the MRU end (see _shape_window)
+                    window[key] = window.pop(key)
+                else:
+                    window.move_to_end(key)
             else:
                 return
             pending = self._pending
