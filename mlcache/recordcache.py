@@ -335,6 +335,7 @@ class RecordCache:
         heap, data, wb = self.heap, self.data, m._wb
         encode = m._codec.encode
         written = 0
+        store = bool(m._levels)
         with m._lock:
             partial = self._partial
             for kb, new, _ in chunk:
@@ -343,6 +344,9 @@ class RecordCache:
                 if kb not in heap.dirty or data.get(kb, _MISSING) is not new:
                     continue   # evicted (already queued), deleted, or updated since the cut
                 if kb in heap.pinned:
+                    continue
+                if not store:
+                    heap.dirty.discard(kb)   # heap only: forwarding was its only write
                     continue
                 try:
                     raw = encode(new)
