@@ -14,6 +14,7 @@ running exporter) for those.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -101,7 +102,9 @@ def inspect_level(cfg: LevelConfig, *, values: bool = True) -> LevelUsage:
         usage.status = "missing (nothing was ever written there)"
         return usage
     try:
-        level = cfg.build()
+        # Opened unbounded: a bounded level stamps recency on every read, and reading all of it
+        # here would reorder its eviction candidates (the bound plays no part in looking).
+        level = dataclasses.replace(cfg, max_bytes=None).build()
     except Exception as exc:  # report and go on with the other levels
         usage.status = f"error: {exc}"
         return usage

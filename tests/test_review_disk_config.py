@@ -63,3 +63,58 @@ def test_a_truncated_or_corrupt_gzip_trace_names_file_and_line(tmp_path, capsys)
         read_trace(f"keys:{bad}")
     assert simulate_main(["--trace", f"arc:{cut}", "--no-plot", "--no-progress"]) == 2
     assert str(cut) in capsys.readouterr().err
+
+
+# -- mlcache inspect ------------------------------------------------------------------------------
+
+def test_inspect_leaves_the_eviction_order_of_a_bounded_disk_level_alone(tmp_path):
+    # inspect read every value through get_many, which on a bounded level stamps access_time:
+    # afterwards the level evicted its most recently used entries first
+    from mlcache.inspect import inspect_config
+
+    cfg = DiskConfig(path=str(tmp_path / "disk"), max_bytes=10_000)
+    level = cfg.build()
+    for i in range(5):
+        level.put_many([(b"ns\x1fk%d" % i, b"x" * 100)])
+        time.sleep(0.002)
+    level.get_many([b"ns\x1fk0"])
+
+    def order():
+        con = sqlite3.connect(tmp_path / "disk" / "cache.db")
+        try:
+            return [bytes(k) for (k,) in con.execute(
+                "SELECT key FROM Cache ORDER BY access_time, rowid")]
+        finally:
+            con.close()
+
+    before = order()
+    assert before[-1] == b"ns\x1fk0"
+    level.close()
+    (usage,) = inspect_config(CacheConfig(heap=None, levels=(cfg,)))
+    assert (usage.status, usage.entries, usage.bytes) == ("ok", 5, 5 * (5 + 100))
+    assert order() == before
+
+
+def test_inspect_leaves_the_lru_of_a_bounded_redis_level_alone(redis_url, unique_ns):
+    # the same through Redis: its bounded get_many re-scores the keys in the LRU sorted set
+    import redis
+
+    from mlcache.config import RedisConfig
+    from mlcache.inspect import inspect_config
+
+    cfg = RedisConfig(url=redis_url, prefix=unique_ns, max_bytes=10_000)
+    level = cfg.build()
+    for i in range(5):
+        level.put_many([(b"ns\x1fk%d" % i, b"x" * 100)])
+        time.sleep(0.002)
+    level.get_many([b"ns\x1fk0"])
+    level.close()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        (lru,) = [k for k in client.keys(f"{unique_ns}*") if k.endswith(b"lru")]
+        before = client.zrange(lru, 0, -1, withscores=True)
+        (usage,) = inspect_config(CacheConfig(heap=None, levels=(cfg,)))
+        assert (usage.status, usage.entries) == ("ok", 5)
+        assert client.zrange(lru, 0, -1, withscores=True) == before
+    finally:
+        client.close()
