@@ -43,6 +43,7 @@ of a committed interval go down in the background (``flush()`` waits for them).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -58,6 +59,7 @@ __all__ = ["FlushBatch", "RecordCache"]
 _TOMBSTONE: Any = object()
 _MISSING: Any = object()
 _FLUSH_ROUNDS = 8
+_INF = float("inf")
 
 
 class FlushBatch(list):
@@ -162,11 +164,11 @@ class RecordCache:
                 return
             nxt = self._next_commit
             if nxt is None:
-                self._next_commit = (ts // interval + 1) * interval
+                self._next_commit = self._interval_end(ts)
                 return
-            if ts < nxt:
-                return
-            self._next_commit = (ts // interval + 1) * interval
+            if ts < nxt or nxt == _INF:
+                return                 # (no interval follows the one of ts=inf)
+            self._next_commit = self._interval_end(ts)
         else:
             now = time.monotonic()
             if self._next_commit is not None and now < self._next_commit:
@@ -174,6 +176,18 @@ class RecordCache:
             self._next_commit = now + interval
         self.stats_counts["commits"] += 1
         self.flush_all("commit", rounds=1)
+
+    def _interval_end(self, ts: float) -> float:
+        """The start of the event-time interval after the one holding ``ts``. For ``ts=inf``
+        it is inf (the last interval: nothing ends it); for ``ts=-inf``, the lowest finite
+        float, so every finite ts starts a new interval (``inf // s`` is NaN, which no ts
+        reaches, and every write would commit)."""
+        interval = self._interval
+        assert interval is not None
+        end = (ts // interval + 1) * interval
+        if end != end:
+            end = _INF if ts > 0 else -sys.float_info.max
+        return end
 
     def note_put(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> None:
         """Lock held, before the heap insert of ``kb``: capture its old value, mark it dirty."""

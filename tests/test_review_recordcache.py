@@ -25,3 +25,26 @@ def test_heap_only_record_cache_forwards_and_flushes():
     m.put("a", 3)
     m.close()
     assert out[-1] == ("a", 3, 2)
+
+
+def test_event_time_commit_after_an_infinite_ts_keeps_deduplicating(tmp_path):
+    # ts=inf is a valid event time; the next interval boundary came out NaN (inf // s), no ts
+    # compares below NaN, so every later write committed: one batch per write, no dedup.
+    m = make(tmp_path, commit_interval=60, time="event")
+    out = []
+    m.on_flush(lambda batch: out.append(sorted(batch)))
+    m.put("a", 1, ts=0)
+    m.put("a", 2, ts=float("inf"))            # enters a new interval: minute 0 is committed
+    for i in range(5):
+        m.put("b", i, ts=float("inf"))         # the same (last) interval: no commit
+    assert out == [[("a", 1, None)]]
+    m.flush()
+    assert out[-1] == [("a", 2, 1), ("b", 4, None)]
+    m.close()
+    m = make(tmp_path, commit_interval=60, time="event")
+    m.on_flush(lambda batch: out.append(sorted(batch)))
+    m.put("c", 1, ts=-float("inf"))
+    m.put("c", 2, ts=-float("inf"))
+    m.put("c", 3, ts=5)                        # a later interval than -inf's
+    assert out[-1] == [("c", 2, None)]
+    m.close()
