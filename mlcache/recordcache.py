@@ -39,7 +39,9 @@ Commit interval: with ``DedupConfig(commit_interval=s)`` the dirty set is forwar
 seconds passed (``time="wall"``) or when a write's ``ts`` enters a new interval of length
 ``s`` (``time="event"``, intervals ``[k*s, (k+1)*s)``), before that write is applied, so the
 forwarded values are exactly the per-interval final values. The check runs on writes; the writes
-of a committed interval go down in the background (``flush()`` waits for them).
+of a committed interval go down in the background (``flush()`` waits for them). A failed
+event-time commit raises into the write that triggered it (not applied) and is retried by the
+next write.
 """
 from __future__ import annotations
 
@@ -168,12 +170,21 @@ class RecordCache:
                 return
             if ts < nxt or nxt == _INF:
                 return                 # (no interval follows the one of ts=inf)
-            self._next_commit = self._interval_end(ts)
-        else:
-            now = time.monotonic()
-            if self._next_commit is not None and now < self._next_commit:
-                return
-            self._next_commit = now + interval
+            end = self._next_commit = self._interval_end(ts)
+            self.stats_counts["commits"] += 1
+            try:
+                self.flush_all("commit", rounds=1)
+            except BaseException:
+                # The interval is not committed: the next write retries it, before it is
+                # applied, so its final values are still forwarded as they are now.
+                if self._next_commit == end:
+                    self._next_commit = nxt
+                raise
+            return
+        now = time.monotonic()
+        if self._next_commit is not None and now < self._next_commit:
+            return
+        self._next_commit = now + interval
         self.stats_counts["commits"] += 1
         self.flush_all("commit", rounds=1)
 

@@ -48,3 +48,35 @@ def test_event_time_commit_after_an_infinite_ts_keeps_deduplicating(tmp_path):
     m.put("c", 3, ts=5)                        # a later interval than -inf's
     assert out[-1] == [("c", 2, None)]
     m.close()
+
+
+def test_failed_event_time_commit_is_retried_by_the_next_write(tmp_path):
+    # The commit of minute 0 failed (the listener raised into the put that entered minute 1),
+    # but the boundary had already moved on: no later write retried it, minute 0's final value
+    # was overwritten by minute 1's writes and never forwarded.
+    m = make(tmp_path, commit_interval=60, time="event")
+    out = []
+    down = [False]
+
+    def sink(batch):
+        if down[0]:
+            raise ConnectionError("sink unavailable")
+        out.append(sorted(batch))
+
+    m.on_flush(sink)
+    m.put("a", 1, ts=0)
+    m.put("a", 2, ts=30)
+    down[0] = True
+    try:
+        m.put("a", 3, ts=61)
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the failed commit must reach the put")
+    assert m.get("a") == 2                   # the put that raised was not applied
+    down[0] = False
+    m.put("a", 3, ts=62)                     # the caller retries: minute 0 is committed first
+    m.put("a", 4, ts=70)
+    m.put("a", 5, ts=125)
+    assert out == [[("a", 2, None)], [("a", 4, 2)]]
+    m.close()
