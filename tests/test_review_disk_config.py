@@ -118,3 +118,32 @@ def test_inspect_leaves_the_lru_of_a_bounded_redis_level_alone(redis_url, unique
         assert client.zrange(lru, 0, -1, withscores=True) == before
     finally:
         client.close()
+
+
+# -- the disk level -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_disk_level_refuses_use_after_close(tmp_path, shards):
+    # diskcache reopens its SQLite connection on demand: after close() every call still worked
+    # and left a connection (and the WAL's file handles) open that nothing would close; Redis
+    # and the arena raise LevelUnavailableError
+    from mlcache.errors import LevelUnavailableError
+
+    level = DiskConfig(path=str(tmp_path / "d"), shards=shards, max_bytes=1 << 20).build()
+    level.put_many([(b"k", b"v")])
+    level.close()
+    level.close()    # still idempotent
+    calls = [lambda: level.get_many([b"k"]), lambda: level.put_many([(b"k2", b"v")]),
+             lambda: level.delete_many([b"k"]), lambda: list(level.scan(b"")),
+             level.used_bytes, lambda: len(level), level.sync]
+    for call in calls:
+        with pytest.raises(LevelUnavailableError, match="closed") as info:
+            call()
+        assert info.value.level == "disk"
+    assert all(s._local.__dict__.get("con") is None for s in level._shards)
+    again = DiskConfig(path=str(tmp_path / "d"), shards=shards).build()
+    try:
+        assert again.get_many([b"k", b"k2"]) == [b"v", None]
+    finally:
+        again.close()
+

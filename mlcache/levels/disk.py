@@ -171,7 +171,13 @@ class DiskLevel:
 
     @contextlib.contextmanager
     def _guard(self, op: str) -> Iterator[None]:
-        """Map storage failures to the error family, naming the level and the operation."""
+        """Map storage failures to the error family, naming the level and the operation.
+
+        A closed level refuses every call: diskcache would quietly reopen its connection.
+        """
+        if self._closed:
+            raise LevelUnavailableError(f"disk level at {self.path} is closed ({op})",
+                                        level=self.name)
         try:
             yield
         except CacheError:
@@ -454,6 +460,6 @@ class DiskLevel:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         with self._guard("close"):
             self.cache.close()
+        self._closed = True
