@@ -147,3 +147,14 @@ def test_disk_level_refuses_use_after_close(tmp_path, shards):
     finally:
         again.close()
 
+
+def test_disk_get_many_of_an_iterator_answers_every_key(tmp_path):
+    # a generator was consumed by the shard grouping, and the answer, built by iterating the
+    # keys again, came back empty: a caller zipping keys with values lost every hit silently
+    level = DiskConfig(path=str(tmp_path / "d"), shards=2).build()
+    try:
+        level.put_many([(b"a", b"1"), (b"b", b"2")])
+        assert level.get_many(k for k in (b"a", b"x", b"b")) == [b"1", None, b"2"]
+        assert level.get_many(iter(())) == []
+    finally:
+        level.close()

@@ -279,6 +279,8 @@ class DiskLevel:
         return found
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if type(keys) is not list:
+            keys = list(keys)    # iterated twice below (an iterator came back empty)
         if not keys:
             return []
         found: dict[bytes, bytes] = {}
