@@ -388,28 +388,45 @@ class RecordCache:
             wb.make_room()
 
     def _restore(self, space: bytes, records: list) -> None:
-        """A flush failed: these records and every queued cut are pending again, in order."""
+        """A flush failed: these records and every queued cut are pending again, in order.
+
+        A key's first record carries the value downstream saw last (its ``old``); its newest
+        value is the last record's, or the key's current one when it was updated again since
+        (it is then already dirty at the back, where it belongs). The listeners remembered as
+        having taken a key's record took an older version than that when the key is in a later
+        cut or was updated since, so they get the newer one too.
+        """
         with self.manager._lock:
             pending = [(space, records)] + [(c.space, c.records) for c in self._cuts]
             self._cuts.clear()
-            by_space: dict[bytes, list] = {}
+            data, old, held, partial = self.data, self._old, self._held, self._partial
+            newest: dict[bytes, Any] = {}      # key -> its newest restored value
+            since: set[bytes] = set()          # keys updated again since their cut
+            order: dict[bytes, list] = {}
             for sp, recs in pending:
-                by_space.setdefault(sp, []).extend(recs)
-            data, old, held = self.data, self._old, self._held
-            for sp, recs in by_space.items():
-                keys = []
+                keys = order.setdefault(sp, [])
                 for kb, new, prev in recs:
-                    if kb in old:
-                        # Updated again since the cut: its newer value stays pending, but the
-                        # last value downstream saw is still the one before this cut.
-                        old[kb] = prev
+                    if kb in newest:           # cut again later: a newer version
+                        newest[kb] = new
+                        partial.pop(kb, None)
                         continue
+                    newest[kb] = new
+                    if kb in old:
+                        since.add(kb)
+                        partial.pop(kb, None)
+                    else:
+                        keys.append(kb)
                     old[kb] = prev
-                    if new is None and kb not in data:
-                        held[kb] = _TOMBSTONE
-                    elif data.get(kb, _MISSING) is not new:
-                        held[kb] = new
-                    keys.append(kb)
+            for kb, new in newest.items():
+                if kb in since:
+                    continue
+                if new is None and kb not in data:
+                    held[kb] = _TOMBSTONE
+                elif data.get(kb, _MISSING) is not new:
+                    held[kb] = new
+                else:
+                    held.pop(kb, None)
+            for sp, keys in order.items():
                 self.policy.restore_dirty(sp, keys)
 
     # -- budget --------------------------------------------------------------------------------

@@ -80,3 +80,64 @@ def test_failed_event_time_commit_is_retried_by_the_next_write(tmp_path):
     m.put("a", 5, ts=125)
     assert out == [[("a", 2, None)], [("a", 4, 2)]]
     m.close()
+
+
+def _two_listeners(m, during_b):
+    """Listener a takes every batch; b fails once, after running ``during_b`` (what another
+    thread may do while the listeners run outside the lock; done here from b itself, which
+    gives the same state deterministically)."""
+    seen_a, seen_b = [], []
+    failed = [False]
+
+    def a(batch):
+        seen_a.extend(batch)
+
+    def b(batch):
+        if not failed[0]:
+            failed[0] = True
+            during_b()
+            raise ConnectionError("b down")
+        seen_b.extend(batch)
+
+    m.on_flush(a)
+    m.on_flush(b)
+    return seen_a, seen_b
+
+
+def test_update_during_a_failed_flush_reaches_every_listener(tmp_path):
+    # a took k=1; k was updated to 2 while b ran; b raised. a was remembered as having taken
+    # k's record, so the retry gave k=2 to b only: a never saw k's current value.
+    m = make(tmp_path)
+    seen_a, seen_b = _two_listeners(m, lambda: m.put("k", 2))
+    m.put("k", 1)
+    try:
+        m.flush()
+    except ConnectionError:
+        pass
+    m.flush()
+    assert seen_a[0] == ("k", 1, None) and seen_a[-1][:2] == ("k", 2)
+    assert seen_b == [("k", 2, None)]
+    m.close()
+
+
+def test_delete_cut_during_a_failed_flush_is_forwarded(tmp_path):
+    # k=1 was being forwarded; k was deleted and that delete cut (queued) while b ran; b raised.
+    # The restore kept the first record's value (k=1) and skipped the later one, so the retry
+    # forwarded k=1 again instead of the delete, to b only.
+    m = make(tmp_path)
+
+    def delete_and_cut():
+        m.delete("k")
+        m.flush()           # nested: cuts the delete, the running loop would deliver it
+
+    seen_a, seen_b = _two_listeners(m, delete_and_cut)
+    m.put("k", 1)
+    try:
+        m.flush()
+    except ConnectionError:
+        pass
+    m.flush()
+    assert seen_a[0] == ("k", 1, None) and seen_a[-1][:2] == ("k", None)
+    assert seen_b == [("k", None, None)]
+    assert m.get("k") is None
+    m.close()
