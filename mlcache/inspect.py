@@ -92,13 +92,25 @@ def _where(cfg: LevelConfig) -> str:
     return cfg.kind
 
 
+def _holds_disk_level(path: str) -> bool:
+    """A database of one cache, or of a shard, is in ``path`` (opening one would create it)."""
+    from diskcache.core import DBNAME
+
+    if not os.path.isdir(path):
+        return False
+    entries = os.listdir(path)
+    return DBNAME in entries or any(
+        len(e) == 3 and e.isdigit() and os.path.isfile(os.path.join(path, e, DBNAME))
+        for e in entries)
+
+
 def inspect_level(cfg: LevelConfig, *, values: bool = True) -> LevelUsage:
     """Scan one byte level and count its entries and bytes per namespace."""
     usage = LevelUsage(level=cfg.kind, where=_where(cfg))
     if isinstance(cfg, ArenaConfig) or (isinstance(cfg, RedisConfig) and cfg.url == "embedded"):
         usage.status = "in-process only: not visible from another process"
         return usage
-    if isinstance(cfg, DiskConfig) and not os.path.isdir(cfg.resolved_path()):
+    if isinstance(cfg, DiskConfig) and not _holds_disk_level(cfg.resolved_path()):
         usage.status = "missing (nothing was ever written there)"
         return usage
     try:

@@ -158,3 +158,24 @@ def test_disk_get_many_of_an_iterator_answers_every_key(tmp_path):
         assert level.get_many(iter(())) == []
     finally:
         level.close()
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_inspect_creates_no_cache_in_a_directory_without_one(tmp_path, shards):
+    # "inspecting creates nothing" held only for a path that did not exist: an existing
+    # directory without a disk level (an empty one, a wrong path) got a new cache.db (or shard
+    # directories) written into it
+    from mlcache.inspect import inspect_config
+
+    where = tmp_path / "elsewhere"
+    where.mkdir()
+    (where / "notes.txt").write_text("not a cache")
+    cfg = DiskConfig(path=str(where), shards=shards)
+    (usage,) = inspect_config(CacheConfig(heap=None, levels=(cfg,)))
+    assert usage.status.startswith("missing")
+    assert sorted(p.name for p in where.iterdir()) == ["notes.txt"]
+    level = cfg.build()
+    level.put_many([(b"ns\x1fk", b"v")])
+    level.close()
+    (usage,) = inspect_config(CacheConfig(heap=None, levels=(cfg,)))
+    assert (usage.status, usage.entries) == ("ok", 1)
