@@ -45,6 +45,7 @@ next write.
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -87,6 +88,19 @@ class _Cut:
         self.reason = reason
 
 
+def _idents(listeners: list[Callable]) -> list[tuple[int, int]]:
+    """Each listener's identity for a retry: its id and how many times it came before in the
+    list (a function registered on a namespace and on the manager is called twice)."""
+    count: dict[int, int] = {}
+    out = []
+    for fn in listeners:
+        i = id(fn)
+        n = count.get(i, 0)
+        count[i] = n + 1
+        out.append((i, n))
+    return out
+
+
 class RecordCache:
     """Dirty-set forwarding for one manager (see the module docstring)."""
 
@@ -103,7 +117,7 @@ class RecordCache:
         self._base = manager.config.namespace + "/"
         self._old: dict[bytes, Any] = {}      # pending key -> value last flushed
         self._held: dict[bytes, Any] = {}     # pending key not in the heap -> its new value
-        self._partial: dict[bytes, set[int]] = {}  # key -> listeners that took its version
+        self._partial: dict[bytes, set[tuple[int, int]]] = {}  # key -> _idents that took it
         self._cuts: deque[_Cut] = deque()
         self._listeners: dict[bytes | None, list[Callable]] = {}
         self._fwd_lock = threading.Lock()
@@ -196,7 +210,7 @@ class RecordCache:
         interval = self._interval
         assert interval is not None
         end = (ts // interval + 1) * interval
-        if end != end:
+        if math.isnan(end):
             end = _INF if ts > 0 else -sys.float_info.max
         return end
 
@@ -335,9 +349,12 @@ class RecordCache:
               reason: str) -> None:
         partial = self._partial
         users = [(decode_key(kb[n:]), new, old) for kb, new, old in chunk]
+        idents = None
         for lid, fn in enumerate(listeners):
-            ident = id(fn)
             if partial:
+                if idents is None:
+                    idents = _idents(listeners)
+                ident = idents[lid]
                 batch = FlushBatch((u for u, (kb, _, _) in zip(users, chunk)
                                     if ident not in partial.get(kb, ())), name, reason)
             else:
@@ -346,10 +363,10 @@ class RecordCache:
                 try:
                     fn(batch)
                 except BaseException:
+                    took = _idents(listeners)[:lid]
                     with self.manager._lock:
                         for kb, _, _ in chunk:
-                            got = partial.setdefault(kb, set())
-                            got.update(id(f) for f in listeners[:lid])
+                            partial.setdefault(kb, set()).update(took)
                     raise
         self.stats_counts["forwarded"] += len(chunk)
         self.stats_counts["batches"] += 1

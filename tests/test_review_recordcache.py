@@ -141,3 +141,29 @@ def test_delete_cut_during_a_failed_flush_is_forwarded(tmp_path):
     assert seen_b == [("k", None, None)]
     assert m.get("k") is None
     m.close()
+
+
+def test_listener_registered_twice_gets_both_deliveries_after_a_failure(tmp_path):
+    # One function on a namespace and on the manager is called twice per batch. Its first call
+    # took the batch, its second raised; the retry skipped it altogether (remembered by id).
+    m = make(tmp_path)
+    ns = m.namespace("n")
+    got = []
+    calls = [0]
+
+    def f(batch):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise ConnectionError("second delivery failed")
+        got.append(list(batch))
+
+    ns.on_flush(f)
+    m.on_flush(f)
+    ns.put("a", 1)
+    try:
+        m.flush()
+    except ConnectionError:
+        pass
+    m.flush()
+    assert got == [[("a", 1, None)], [("a", 1, None)]]
+    m.close()
