@@ -113,8 +113,10 @@ class DiskConfig(LevelConfig):
         super().__post_init__()
         _positive("disk.shards", self.shards, allow_none=False)
         _non_negative("disk.timeout", self.timeout)
-        if self.path is not None and not isinstance(self.path, str):
-            raise ConfigError("disk.path", f"must be a string path, got {self.path!r}")
+        if self.path is not None and (not isinstance(self.path, str) or not self.path):
+            # ("" fell back to the shared default directory without a word)
+            raise ConfigError("disk.path", f"must be a non-empty string path or None (the "
+                                           f"default directory), got {self.path!r}")
 
     def resolved_path(self) -> str:
         return os.path.abspath(os.path.expanduser(self.path or default_disk_path()))

@@ -34,6 +34,16 @@ def test_dedup_commit_interval_refuses_nan():
     assert DedupConfig(commit_interval=0.5).commit_interval == 0.5
 
 
+
+def test_disk_path_must_not_be_empty():
+    path = ""
+    # an empty path (an unset variable, say) fell back to the shared default directory, so the
+    # level silently mixed its data with every other manager using the default
+    with pytest.raises(ConfigError, match="disk.path"):
+        DiskConfig(path=path)
+    with pytest.raises(ConfigError, match="disk.path"):
+        CacheConfig.from_dict({"levels": [{"type": "disk", "path": path}]})
+
 # -- simulator trace readers ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["keys", "csv"])
