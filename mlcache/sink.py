@@ -74,13 +74,15 @@ class ForwardingSink:
                 namespace: str | None = None) -> int:
         """Filter ``records`` and call ``fn`` once with what is left; returns that count."""
         keep = []
+        skipped = 0
         for rec in records:
             key, new, old = rec
             if (new is None and not self.deletes) or (self.skip_unchanged and _same(new, old)):
-                self.skipped += 1
+                skipped += 1
                 continue
             keep.append((key, new, old))
         if not keep:
+            self.skipped += skipped
             return 0
         payload: Any = keep
         if self.format == "pandas":
@@ -92,6 +94,7 @@ class ForwardingSink:
             self.fn(payload, batch_id)
         else:
             self.fn(payload)
-        self.records += len(keep)
+        self.records += len(keep)     # counted once fn took them: a retry counts them once
         self.batches += 1
+        self.skipped += skipped
         return len(keep)

@@ -167,3 +167,26 @@ def test_listener_registered_twice_gets_both_deliveries_after_a_failure(tmp_path
     m.flush()
     assert got == [[("a", 1, None)], [("a", 1, None)]]
     m.close()
+
+
+def test_sink_counts_a_skipped_record_once_across_a_retry():
+    # The skipped counter grew before fn ran; when fn raised, the retry skipped the same
+    # records again and counted them twice (records and batches count only accepted calls).
+    from mlcache import ForwardingSink
+
+    calls = [0]
+
+    def fn(rows):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise ConnectionError("sink unavailable")
+
+    sink = ForwardingSink(fn, skip_unchanged=True, deletes=False)
+    records = [("a", 1, 1), ("b", 2, None), ("c", None, 3)]
+    try:
+        sink.forward(records)
+    except ConnectionError:
+        pass
+    assert sink.skipped == 0 and sink.records == 0
+    assert sink.forward(records) == 1
+    assert (sink.skipped, sink.records, sink.batches) == (2, 1, 1)
