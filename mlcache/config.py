@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 MiB = 1 << 20
+_MAX_SOCKET_TIMEOUT = 1e9   # seconds; a socket refuses more than 2**63 ns (~9.2e9 s)
 
 
 def default_disk_path() -> str:
@@ -152,6 +153,12 @@ class RedisConfig(LevelConfig):
             raise ConfigError("redis.prefix", f"must be a string, got {self.prefix!r}")
         _positive("redis.max_connections", self.max_connections, allow_none=False)
         _non_negative("redis.socket_timeout", self.socket_timeout)
+        if self.socket_timeout > _MAX_SOCKET_TIMEOUT:
+            # (inf, or anything past ~9.2e9 s, failed at the first command with a bare
+            # OverflowError from the socket module)
+            raise ConfigError("redis.socket_timeout",
+                              f"must be at most {_MAX_SOCKET_TIMEOUT:g} seconds (0: none), "
+                              f"got {self.socket_timeout!r}")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError("redis.retries", f"must be an integer >= 0, got {self.retries!r}")
 

@@ -44,6 +44,21 @@ def test_disk_path_must_not_be_empty():
     with pytest.raises(ConfigError, match="disk.path"):
         CacheConfig.from_dict({"levels": [{"type": "disk", "path": path}]})
 
+
+@pytest.mark.parametrize("seconds", [math.inf, 1e10])
+def test_redis_socket_timeout_must_fit_a_socket(redis_url, seconds):
+    # accepted, then the first command died with a bare OverflowError naming no setting
+    from mlcache.config import RedisConfig
+
+    with pytest.raises(ConfigError, match="redis.socket_timeout"):
+        RedisConfig(url=redis_url, socket_timeout=seconds)
+    level = RedisConfig(url=redis_url, prefix="tmo", socket_timeout=1e9).build()
+    try:
+        level.put_many([(b"k", b"v")])
+        assert level.get_many([b"k"]) == [b"v"]
+    finally:
+        level.close()
+
 # -- simulator trace readers ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["keys", "csv"])
