@@ -210,8 +210,8 @@ class RecordCache:
         interval = self._interval
         assert interval is not None
         end = (ts // interval + 1) * interval
-        if math.isnan(end):
-            end = _INF if ts > 0 else -sys.float_info.max
+        if math.isnan(end):            # ts infinite, or an infinite interval (0 * inf)
+            end = -sys.float_info.max if ts == -_INF else _INF
         return end
 
     def note_put(self, kb: bytes, preloaded: dict[bytes, Any] | None) -> None:

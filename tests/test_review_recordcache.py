@@ -48,6 +48,14 @@ def test_event_time_commit_after_an_infinite_ts_keeps_deduplicating(tmp_path):
     m.put("c", 3, ts=5)                        # a later interval than -inf's
     assert out[-1] == [("c", 2, None)]
     m.close()
+    out.clear()
+    m = make(tmp_path, commit_interval=float("inf"), time="event")   # one interval: no commit
+    m.on_flush(lambda batch: out.append(sorted(batch)))
+    for ts in (-5.0, -3.0, 0.0, 1e300):
+        m.put("d", ts, ts=ts)
+    assert out == []
+    m.close()
+    assert out == [[("d", 1e300, None)]]
 
 
 def test_failed_event_time_commit_is_retried_by_the_next_write(tmp_path):
