@@ -204,3 +204,17 @@ def test_inspect_creates_no_cache_in_a_directory_without_one(tmp_path, shards):
     level.close()
     (usage,) = inspect_config(CacheConfig(heap=None, levels=(cfg,)))
     assert (usage.status, usage.entries) == ("ok", 1)
+
+
+@pytest.mark.parametrize("url", ["redis://localhost:6379/0?password=s3cret",
+                                 "redis://localhost:6379/0?db=0&password=s3cret&x=1",
+                                 "rediss://user:s3cret@localhost:6380/0",
+                                 "unix:///tmp/redis.sock?password=s3cret"])
+def test_inspect_never_prints_a_password_given_in_the_query(url):
+    # redis-py takes password= from the URL's query too; inspect masked only user:pw@
+    from mlcache.config import RedisConfig
+    from mlcache.inspect import _where
+
+    shown = _where(RedisConfig(url=url))
+    assert "s3cret" not in shown and "***" in shown
+    assert "localhost" in shown or "/tmp/redis.sock" in shown
