@@ -13,6 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Union
+from urllib.parse import unquote
 
 from .errors import ConfigError
 
@@ -36,6 +37,20 @@ def default_disk_path() -> str:
     base = os.environ.get("MLCACHE_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mlcache")
     return os.path.join(base, "disk")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its credentials starred, for printing: ``user:pw@`` and a ``password=`` in
+    the query (redis-py reads both)."""
+    head, q, query = url.partition("?")
+    if "@" in head:
+        scheme, _, rest = head.partition("://")
+        head = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    if q:
+        query = "&".join(f"{part.partition('=')[0]}=***"
+                         if unquote(part.partition("=")[0]).lower() == "password" else part
+                         for part in query.split("&"))
+    return head + q + query
 
 
 def _positive(name: str, value: Any, *, allow_none: bool = True) -> None:
@@ -147,8 +162,9 @@ class RedisConfig(LevelConfig):
         if not isinstance(self.url, str) or not (
             self.url == "embedded" or self.url.startswith(("redis://", "rediss://", "unix://"))
         ):
+            shown = redacted_url(self.url) if isinstance(self.url, str) else self.url
             raise ConfigError("redis.url",
-                              f"must be redis://, rediss://, unix:// or 'embedded', got {self.url!r}")
+                              f"must be redis://, rediss://, unix:// or 'embedded', got {shown!r}")
         if not isinstance(self.prefix, str):
             raise ConfigError("redis.prefix", f"must be a string, got {self.prefix!r}")
         _positive("redis.max_connections", self.max_connections, allow_none=False)
@@ -161,6 +177,13 @@ class RedisConfig(LevelConfig):
                               f"got {self.socket_timeout!r}")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError("redis.retries", f"must be an integer >= 0, got {self.retries!r}")
+
+    def __repr__(self) -> str:
+        # the dataclass repr printed the URL's password (in a CacheConfig's repr too)
+        fields = ", ".join(
+            f"{f.name}={redacted_url(self.url) if f.name == 'url' else getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self))
+        return f"RedisConfig({fields})"
 
     def build(self) -> Any:
         from .levels.redis import RedisLevel

@@ -20,9 +20,9 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
-from urllib.parse import unquote
 
-from .config import ArenaConfig, CacheConfig, DiskConfig, LevelConfig, RedisConfig
+from .config import (ArenaConfig, CacheConfig, DiskConfig, LevelConfig, RedisConfig,
+                     redacted_url)
 from .keys import SEP
 
 __all__ = ["NamespaceUsage", "LevelUsage", "inspect_config", "format_usage", "main"]
@@ -81,25 +81,11 @@ def _batches(keys: Iterator[bytes]) -> Iterator[list[bytes]]:
         yield batch
 
 
-def _masked(url: str) -> str:
-    """``url`` with its credentials starred: ``user:pw@`` and a ``password=`` in the query
-    (redis-py reads both)."""
-    head, q, query = url.partition("?")
-    if "@" in head:
-        scheme, _, rest = head.partition("://")
-        head = f"{scheme}://***@{rest.rpartition('@')[2]}"
-    if q:
-        query = "&".join(f"{part.partition('=')[0]}=***"
-                         if unquote(part.partition("=")[0]).lower() == "password" else part
-                         for part in query.split("&"))
-    return head + q + query
-
-
 def _where(cfg: LevelConfig) -> str:
     if isinstance(cfg, DiskConfig):
         return cfg.resolved_path()
     if isinstance(cfg, RedisConfig):
-        return f"{_masked(cfg.url)} prefix={cfg.prefix!r}"
+        return f"{redacted_url(cfg.url)} prefix={cfg.prefix!r}"
     return cfg.kind
 
 

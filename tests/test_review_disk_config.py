@@ -218,3 +218,19 @@ def test_inspect_never_prints_a_password_given_in_the_query(url):
     shown = _where(RedisConfig(url=url))
     assert "s3cret" not in shown and "***" in shown
     assert "localhost" in shown or "/tmp/redis.sock" in shown
+
+
+def test_redis_config_never_prints_the_url_password():
+    # docs/howto/redis-auth-tls.md: "mlcache never prints a URL's password"; the dataclass
+    # repr (also inside a CacheConfig's) and the error for a wrong scheme printed it
+    from mlcache.config import RedisConfig
+
+    for url in ("redis://user:s3cret@localhost:6379/0", "redis://localhost/0?password=s3cret"):
+        cfg = RedisConfig(url=url)
+        assert cfg.url == url
+        assert "s3cret" not in repr(cfg) and "***" in repr(cfg)
+        assert "s3cret" not in repr(CacheConfig(levels=(cfg,)))
+        assert CacheConfig.from_dict(CacheConfig(levels=(cfg,)).to_dict()).levels[0].url == url
+    with pytest.raises(ConfigError, match="redis.url") as info:
+        RedisConfig(url="http://user:s3cret@localhost:6379/0")
+    assert "s3cret" not in str(info.value)
