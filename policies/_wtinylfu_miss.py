@@ -11,7 +11,7 @@ both and compares them.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 __all__ = ["SteadyMiss"]
 
@@ -28,6 +28,34 @@ _NOKEY = object()  # no cached victim (None is a valid key)
 class SteadyMiss:
     """The steady miss of :class:`~mlcache.policies.wtinylfu.WTinyLFUPolicy` (a mixin: it
     works on that class's attributes and falls back to its general ``_add``)."""
+
+    # The policy's state and methods it uses, set by WTinyLFUPolicy (declared for type checkers).
+    _window: Any
+    _probation: Any
+    _pending: dict[Hashable, int]
+    _table: Any
+    _wghost: Any
+    _mghost: Any
+    _seed: int
+    _mask: int
+    _width: int
+    _ghost_limit: int
+    _window_max: float
+    _adaptive: bool
+    _steady: bool
+    _tie_score: int
+    _tie_ok: bool
+    _bar: int
+    _countdown: int
+    _single: bool
+    _ticks: int
+    _victim: Any
+    _victim_freq: int
+    _adapt: Callable[[Hashable], None]
+    _add: Callable[..., list]
+    _decide: Callable[[int, int], bool]
+    _shape_window: Callable[[], None]
+    _tick: Callable[[], None]
 
     # -- the steady miss ------------------------------------------------------------------------
 

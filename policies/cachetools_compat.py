@@ -44,8 +44,8 @@ class _PolicyCache(cachetools.Cache):
                  **policy_options: Any) -> None:
         cachetools.Cache.__init__(self, maxsize, getsizeof)
         self._data: dict[Hashable, Any] = {}
-        self._sizes: dict[Hashable, int] | None = {} if getsizeof is not None else None
-        self._size = 0
+        self._sizes: dict[Hashable, float] | None = {} if getsizeof is not None else None
+        self._size: float = 0
         self._maxsize = maxsize
         # cachetools allows maxsize=0 (every insert is "too large"); policies need >= 1.
         self._options = policy_options
@@ -267,7 +267,7 @@ class _PolicyCache(cachetools.Cache):
         raise TypeError(f"{type(self).__name__} cannot be copied")
 
     @property
-    def currsize(self) -> int:
+    def currsize(self) -> float:
         return len(self._data) if self._sizes is None else self._size
 
     def pop(self, key: Hashable, default: Any = _MISSING) -> Any:
@@ -311,7 +311,7 @@ class _PolicyCache(cachetools.Cache):
         hot = getattr(policy, "_protected", None)
         self._hot = OrderedDict() if hot is None else hot
         self._move = self._hot.move_to_end
-        self._logged = getattr(policy, "_logged", None) or [].append
+        self._logged: Callable[[Any], None] = getattr(policy, "_logged", None) or [].append
         if own:
             self._settle = policy._settle
 

@@ -77,7 +77,7 @@ _TICK = 256
 _LOG_MAX = 16384
 
 try:
-    from collections import _count_elements  # C: mapping[x] = mapping.get(x, 0) + 1 per x
+    from collections import _count_elements  # type: ignore[attr-defined]  # C: x -> get(x, 0) + 1
 except ImportError:  # pragma: no cover - other interpreters
     def _count_elements(mapping: dict, iterable: Any) -> None:
         for x in iterable:
@@ -201,7 +201,7 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
                 if type(window) is dict:  # to the MRU end (see _shape_window)
                     window[key] = window.pop(key)
                 else:
-                    window.move_to_end(key)
+                    window.move_to_end(key)  # type: ignore[attr-defined]  # an OrderedDict
             else:
                 return
             pending = self._pending
@@ -417,7 +417,7 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
             self._wsize -= cw
             if self.total_weight > capacity:
                 while self.total_weight > capacity:
-                    seg = prob if prob else prot
+                    seg: dict[Hashable, int] = prob if prob else prot
                     if not seg:
                         break
                     victim = next(iter(seg))
@@ -452,7 +452,7 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _account(self, seg: OrderedDict, delta: int) -> None:
+    def _account(self, seg: dict, delta: int) -> None:
         if seg is self._window:
             self._wsize += delta
         elif seg is self._probation:
