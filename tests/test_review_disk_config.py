@@ -234,3 +234,15 @@ def test_redis_config_never_prints_the_url_password():
     with pytest.raises(ConfigError, match="redis.url") as info:
         RedisConfig(url="http://user:s3cret@localhost:6379/0")
     assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["keys", "lirs", "csv"])
+def test_a_byte_order_mark_is_not_part_of_the_first_key(tmp_path, fmt):
+    # a UTF-8 BOM (files saved by some editors) stuck to the first key: "\ufeff5" became a
+    # key of its own beside 5 in keys and csv traces, and a lirs trace refused its line 1
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf5\n6\n5\n")
+    assert read_trace(f"{fmt}:{path}").keys == [5, 6, 5]
+    gz = tmp_path / "bom.gz"
+    gz.write_bytes(gzip.compress(b"\xef\xbb\xbf5\n6\n5\n"))
+    assert read_trace(f"{fmt}:{gz}").keys == [5, 6, 5]
