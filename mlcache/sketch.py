@@ -233,7 +233,7 @@ class FrequencySketch:
         mask = self.mask
         # Row r's counter is (m + r*b) mod width, computed row by row in place (no (4, n)
         # temporaries of 64-bit products), then made an index into the nibbles (see _allocate).
-        idx = np.empty((self.depth, n), dtype=np.intp)
+        idx: np.ndarray = np.empty((self.depth, n), dtype=np.intp)
         np.bitwise_and(m, mask, out=idx[0])
         b = ((m >> 32) | 1) & mask
         for r in range(1, self.depth):

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..config import ArenaConfig
 from ..errors import LevelUnavailableError
@@ -92,7 +92,7 @@ class ArenaLevel(ArenaBound):
         self.name = name
         self.lossy = bool(cfg.lossy)
         self.may_evict = True
-        self.max_bytes = int(cfg.max_bytes)
+        self.max_bytes = int(cfg.max_bytes)  # type: ignore[arg-type]  # never None: see ArenaConfig
         bs = self.block_size = cfg.block_size
         # A small arena gets smaller buffers (never below a page), so that its bound is not
         # spent on one half-used buffer.
@@ -116,8 +116,10 @@ class ArenaLevel(ArenaBound):
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
         policy_cls = get_policy(cfg.policy)
         self._policy = None if lru else policy_cls(self.max_bytes)
-        self._lookup = self._index.get          # bound once: the hot paths skip two lookups
-        self._access = self._index.move_to_end if lru else self._policy.access
+        self._lookup: Callable[[bytes], int | None] = self._index.get   # bound once: the hot
+        # paths skip two lookups
+        self._access = (self._index.move_to_end if lru  # type: ignore[attr-defined]
+                        else self._policy.access)
         # Values up to this size always fit an empty arena with any key up to _SMALL_KEY bytes;
         # a longer key or value is checked before anything changes (_check_batch).
         self._small = self._max_blocks(ENTRY_OVERHEAD + _SMALL_KEY) * bs
@@ -205,6 +207,7 @@ class ArenaLevel(ArenaBound):
             return b"".join(self._segments(packed))
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> Victims:
+        value: Any
         if type(items) is list and len(items) == 1 and self.may_evict:
             key, value = items[0]      # the manager's write-back of one entry: the hot path
             return self.put(key, value)
