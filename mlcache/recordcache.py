@@ -149,10 +149,12 @@ class RecordCache:
                 fns.remove(callback)
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.stats_counts)
-        out.update(dirty=self.policy.dirty_count(), namespace_flushes=self.policy.namespace_flushes,
-                   held=len(self._held), queued_cuts=len(self._cuts),
-                   max_bytes_buffering=self.heap.capacity)
+        with self.manager._lock:   # other threads' writes add namespaces to the policy
+            out: dict[str, Any] = dict(self.stats_counts)
+            out.update(dirty=self.policy.dirty_count(),
+                       namespace_flushes=self.policy.namespace_flushes,
+                       held=len(self._held), queued_cuts=len(self._cuts),
+                       max_bytes_buffering=self.heap.capacity)
         return out
 
     # -- write hooks (called by the manager) ---------------------------------------------------

@@ -198,3 +198,24 @@ def test_sink_counts_a_skipped_record_once_across_a_retry():
     assert sink.skipped == 0 and sink.records == 0
     assert sink.forward(records) == 1
     assert (sink.skipped, sink.records, sink.batches) == (2, 1, 1)
+
+
+def test_stats_reads_the_dirty_sets_under_the_manager_lock(tmp_path):
+    # manager.stats() calls the record cache's stats() after releasing its lock; counting the
+    # dirty keys walked the policy's namespace table while other threads' first writes to a
+    # namespace added to it: "dictionary changed size during iteration" in whoever polled
+    # stats() (an exporter thread). The count is taken under the manager lock now.
+    m = make(tmp_path)
+    policy = m._records.policy
+    owned = []
+    count = policy.dirty_count
+
+    def dirty_count():
+        owned.append(m._lock._is_owned())
+        return count()
+
+    policy.dirty_count = dirty_count
+    m.namespace("n").put("k", 1)
+    assert m.stats()["dedup"]["dirty"] == 1
+    assert owned == [True]
+    m.close()
