@@ -28,6 +28,8 @@ How the pieces cooperate (the policy decides, the record cache acts, the manager
   ``flush()``/``put()``. Batches every listener took are done (written, never forwarded again);
   the rest return to the front of their namespace's dirty order, with the listeners that did
   take the failed batch remembered, so a retry gives each listener exactly what it missed.
+  A store failure while the forwarded entries are queued (a level down, the write-back buffer
+  full) stops the flush the same way, after the batch: the rest of the cut is pending again.
 
 Old values: ``old`` is the value last flushed — the heap value before the first update since
 the last flush, read from the lower levels first (one batched read before the write) when the
@@ -68,7 +70,7 @@ _INF = float("inf")
 class FlushBatch(list):
     """A list of ``(key, new, old)`` from one namespace; ``namespace`` is None for the root.
 
-    ``reason`` says why it was flushed: ``"flush"``, ``"commit"`` or ``"evict"``.
+    ``reason`` says why it was flushed: ``"flush"``, ``"commit"``, ``"evict"`` or ``"resize"``.
     """
 
     __slots__ = ("namespace", "reason")
@@ -345,7 +347,13 @@ class RecordCache:
                     self.stats_counts["listener_errors"] += 1
                     self._restore(cut.space, records[start:])
                     raise
-            self._written(chunk)
+            try:
+                self._written(chunk)
+            except BaseException:
+                # the chunk is forwarded and queued; the store failed to make room for it
+                # (a level down): the rest of the cut is pending again, like a listener error
+                self._restore(cut.space, records[start + size:])
+                raise
 
     def _call(self, listeners: list[Callable], chunk: list, name: str | None, n: int,
               reason: str) -> None:

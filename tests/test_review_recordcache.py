@@ -219,3 +219,37 @@ def test_stats_reads_the_dirty_sets_under_the_manager_lock(tmp_path):
     assert m.stats()["dedup"]["dirty"] == 1
     assert owned == [True]
     m.close()
+
+
+def test_store_failure_while_forwarding_leaves_the_rest_of_the_cut_pending():
+    # A chunk forwarded, its writes queued, the write-back buffer full and the store (Redis)
+    # down: make_room() raised between two chunks. The cut had left the queue, so its other
+    # chunks were neither forwarded nor dirty any more: a retry never forwarded them.
+    from mlcache import RedisConfig
+    from mlcache._redis_server import RedisServer
+
+    server = RedisServer().start()
+    try:
+        m = CacheManager(CacheConfig(levels=(RedisConfig(url=server.url),), namespace="t",
+                                     eviction_buffer_max=16, retry_attempts=1,
+                                     retry_backoff=0.0,
+                                     dedup=DedupConfig(batch_size=4)))
+        out = []
+        m.on_flush(out.extend)
+        for i in range(100):
+            m.put(i, i)
+        server.stop()
+        try:
+            m.flush()
+        except Exception:
+            pass
+        else:
+            raise AssertionError("the store is down: the flush must fail")
+        assert len(out) < 100
+        server = RedisServer(port=server.port).start()
+        m.flush()
+        assert sorted(k for k, _, _ in out) == list(range(100))
+        assert len(out) == 100                        # each record forwarded once
+        m.close()
+    finally:
+        server.stop()
