@@ -75,7 +75,10 @@ class ForwardingSink:
         """Filter ``records`` and call ``fn`` once with what is left; returns that count."""
         keep = []
         skipped = 0
-        for rec in records:
+        for i, rec in enumerate(records):
+            if not isinstance(rec, (tuple, list)) or len(rec) != 3:
+                raise TypeError(f"ForwardingSink.forward: record {i} is not a (key, new, old) "
+                                f"tuple: {rec!r}")
             key, new, old = rec
             if (new is None and not self.deletes) or (self.skip_unchanged and _same(new, old)):
                 skipped += 1

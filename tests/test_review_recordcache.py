@@ -253,3 +253,19 @@ def test_store_failure_while_forwarding_leaves_the_rest_of_the_cut_pending():
         m.close()
     finally:
         server.stop()
+
+
+def test_sink_refuses_a_record_that_is_not_a_key_new_old_triple():
+    # A 3-character string unpacked as (key, new, old) and went to fn; a wrong-length record
+    # (or one record passed instead of a list) failed with a bare unpacking error.
+    import pytest
+
+    from mlcache import ForwardingSink
+
+    got = []
+    sink = ForwardingSink(got.extend)
+    for records in (["abc"], [("a", 1)], ("a", 1, None), [b"xyz"]):
+        with pytest.raises(TypeError, match=r"\(key, new, old\)"):
+            sink.forward(records)
+    assert got == [] and sink.records == 0
+    assert sink.forward([("a", 1, None), ["b", 2, 1]]) == 2
