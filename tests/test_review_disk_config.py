@@ -246,3 +246,44 @@ def test_a_byte_order_mark_is_not_part_of_the_first_key(tmp_path, fmt):
     gz = tmp_path / "bom.gz"
     gz.write_bytes(gzip.compress(b"\xef\xbb\xbf5\n6\n5\n"))
     assert read_trace(f"{fmt}:{gz}").keys == [5, 6, 5]
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_failed_batch_keeps_the_large_values_it_was_replacing(tmp_path, shards):
+    # a value in a file of its own went through Cache.set, which removed the file it replaced
+    # at once, inside the batch's transaction: when a later write of the batch failed (here
+    # a file size limit, as a full disk would), the rollback restored a row whose file was
+    # gone and the old value read as a miss; the new file of the failed batch stayed behind
+    import os
+    import resource
+    import signal
+
+    from mlcache.errors import CacheError
+
+    path = tmp_path / "d"
+    level = DiskConfig(path=str(path), shards=shards).build()
+    old = {b"big%d" % i: bytes([65 + i]) * 50_000 for i in range(4)}
+    level.put_many(list(old.items()))
+
+    def value_files():
+        return sorted(f for _, _, fs in os.walk(path) for f in fs if f.endswith(".val"))
+
+    before = value_files()
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(CacheError, match="disk level"):
+            level.put_many([*((k, b"n" * 60_000) for k in old), (b"huge", b"h" * 200_000)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    try:
+        assert level.get_many([*old, b"huge"]) == [*old.values(), None]
+        assert level.used_bytes() == 4 * 50_000
+        assert value_files() == before
+        level.put_many([(b"big0", b"s"), (b"big1", b"t" * 70_000)])    # a working batch
+        assert level.get_many([b"big0", b"big1"]) == [b"s", b"t" * 70_000]
+        assert len(value_files()) == 3     # big0 is inline now
+    finally:
+        level.close()

@@ -45,16 +45,21 @@ _PAGE = 256           # rows per page when walking eviction candidates or scanni
 _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
 
 # One statement per batch instead of diskcache's SELECT + UPDATE/INSERT per key (about ten times
-# fewer microseconds per key). It writes diskcache's own table exactly as ``Cache.set`` would for
-# a bytes value kept inside SQLite, so diskcache's triggers keep the count and size totals; values
-# large enough for a file of their own still go through ``Cache.set``.
-_UPSERT = (
+# fewer microseconds per key). It writes diskcache's own table exactly as ``Cache.set`` would, so
+# diskcache's triggers keep the count and size totals. A value large enough for a file of its
+# own is written to its file first (``Disk.store``) and its row names the file; the file it
+# replaces is removed only after the commit (``Cache.set`` removed it at once, inside the batch's
+# transaction, so a batch that failed later rolled back to a row whose file was gone).
+# (NULLs are written in the SQL: binding None costs sqlite3 a failed adapter lookup each.)
+_UPSERT_SQL = (
     "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, size,"
-    " mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, ?, ?, NULL, ?)"
+    " mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, ?, ?, {filename}, {value})"
     " ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, expire_time = NULL,"
     " access_time = excluded.access_time, access_count = 0, tag = NULL, size = excluded.size,"
-    " mode = excluded.mode, filename = NULL, value = excluded.value"
+    " mode = excluded.mode, filename = excluded.filename, value = excluded.value"
 )
+_UPSERT = _UPSERT_SQL.format(filename="NULL", value="?")         # a value inside SQLite
+_UPSERT_FILE = _UPSERT_SQL.format(filename="?", value="NULL")    # a value in a file
 
 
 class _SizedDisk(diskcache.Disk):
@@ -63,9 +68,23 @@ class _SizedDisk(diskcache.Disk):
     def __init__(self, directory: str, **kwargs: Any) -> None:
         super().__init__(directory, **kwargs)
         self.unsynced: set[str] = set()
+        self._naming = threading.local()
+
+    def filename(self, key: Any = UNKNOWN, value: Any = UNKNOWN) -> tuple[str, str]:
+        name, full_path = super().filename(key, value)
+        self._naming.last = full_path
+        return name, full_path
 
     def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple:
-        size, mode, filename, db_value = super().store(value, read, key=key)
+        self._naming.last = None
+        try:
+            size, mode, filename, db_value = super().store(value, read, key=key)
+        except BaseException:
+            # a value file cut short (a full disk) would stay behind, named by no row
+            if self._naming.last is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(self._naming.last)
+            raise
         if type(value) is bytes:
             size = len(value)
         if filename is not None:
@@ -206,16 +225,35 @@ class DiskLevel:
     def _locked(self, indexes: Sequence[int]) -> Iterator[list[tuple[int, str]]]:
         """One transaction on each shard in ``indexes``, taken in index order (no deadlock).
 
-        Yields a list for ``(shard, filename)`` of value files the batch made obsolete; they are
-        removed only after every transaction committed (a rollback still needs them).
+        Yields two lists of ``(shard, filename)``: value files the batch made obsolete, removed
+        only after every transaction committed (a rollback still needs them), and value files
+        the batch wrote, removed if it fails unless a committed row names them.
         """
         obsolete: list[tuple[int, str]] = []
-        with contextlib.ExitStack() as stack:
-            for i in sorted(indexes):
-                stack.enter_context(self._shards[i].transact())
-            yield obsolete
+        created: list[tuple[int, str]] = []
+        try:
+            with contextlib.ExitStack() as stack:
+                for i in sorted(indexes):
+                    stack.enter_context(self._shards[i].transact())
+                yield obsolete, created
+        except BaseException:
+            self._drop_unreferenced(created)
+            raise
         for i, filename in obsolete:
             self._shards[i].disk.remove(filename)
+
+    def _drop_unreferenced(self, files: list[tuple[int, str]]) -> None:
+        """Remove the value files of a failed batch that no row names (a shard whose commit
+        went through before another's failed keeps its files)."""
+        for i, filename in files:
+            shard = self._shards[i]
+            try:
+                named = shard._sql("SELECT 1 FROM Cache WHERE filename = ? LIMIT 1",
+                                   (filename,)).fetchone()
+            except sqlite3.Error:
+                continue    # cannot tell: a stray file is better than a lost value
+            if named is None:
+                shard.disk.remove(filename)
 
     def _files(self, index: int, keys: Sequence[bytes]) -> list[tuple[int, str]]:
         shard = self._shards[index]
@@ -228,26 +266,30 @@ class DiskLevel:
         return found
 
     def _write(self, index: int, items: Sequence[tuple[bytes, bytes]],
-               obsolete: list[tuple[int, str]]) -> None:
-        """Store ``items`` in shard ``index``; call inside ``_locked``."""
+               batch: tuple[list[tuple[int, str]], list[tuple[int, str]]]) -> None:
+        """Store ``items`` in shard ``index``; call inside ``_locked`` with what it yields."""
+        obsolete, created = batch
         shard = self._shards[index]
         limit = shard.disk.min_file_size
-        small = [(k, v) for k, v in items if len(v) < limit]
+        obsolete.extend(self._files(index, [k for k, _ in items]))
+        now = time.time()
+        small = [(sqlite3.Binary(k), now, now, len(v), MODE_RAW, sqlite3.Binary(v))
+                 for k, v in items if len(v) < limit]
         if small:
-            obsolete.extend(self._files(index, [k for k, _ in small]))
-            now = time.time()
-            shard._con.executemany(_UPSERT, [
-                (sqlite3.Binary(k), now, now, len(v), MODE_RAW, sqlite3.Binary(v))
-                for k, v in small])
+            shard._con.executemany(_UPSERT, small)
         if len(small) < len(items):
-            for key, value in items:
-                if len(value) >= limit:
-                    shard.set(key, value)    # a file of its own; diskcache replaces the old one
+            rows = []
+            for k, v in items:
+                if len(v) >= limit:
+                    size, mode, filename, _ = shard.disk.store(v, False, key=k)
+                    created.append((index, filename))
+                    rows.append((sqlite3.Binary(k), now, now, size, mode, filename))
+            shard._con.executemany(_UPSERT_FILE, rows)
 
     def _remove(self, index: int, keys: Sequence[bytes],
-                obsolete: list[tuple[int, str]]) -> None:
-        """Delete ``keys`` from shard ``index``; call inside ``_locked``."""
-        obsolete.extend(self._files(index, keys))
+                batch: tuple[list[tuple[int, str]], list[tuple[int, str]]]) -> None:
+        """Delete ``keys`` from shard ``index``; call inside ``_locked`` with what it yields."""
+        batch[0].extend(self._files(index, keys))
         shard = self._shards[index]
         for chunk in _chunks(keys):
             marks = ",".join("?" * len(chunk))
@@ -318,15 +360,15 @@ class DiskLevel:
         with self._guard("put"):
             if self.max_bytes is None:
                 groups = self._group(list(batch))
-                with self._locked(list(groups)) as obsolete:
+                with self._locked(list(groups)) as files:
                     for index, group in groups.items():
-                        self._write(index, [(k, batch[k]) for k in group], obsolete)
+                        self._write(index, [(k, batch[k]) for k in group], files)
                 return []
-            with self._locked(range(len(self._shards))) as obsolete:
-                return self._put_bounded(batch, self.max_bytes, obsolete)
+            with self._locked(range(len(self._shards))) as files:
+                return self._put_bounded(batch, self.max_bytes, files)
 
     def _put_bounded(self, batch: dict[bytes, bytes], limit: int,
-                     obsolete: list[tuple[int, str]]) -> Victims:
+                     files: tuple[list[tuple[int, str]], list[tuple[int, str]]]) -> Victims:
         used = self._used()
         new = {k: len(v) for k, v in batch.items()}
         old = self._sizes(list(batch))
@@ -343,10 +385,10 @@ class DiskLevel:
         victims += [(k, batch[k]) for k in plan.passthrough]
         gone = plan.evict + [k for k in plan.passthrough if k in old]
         for index, group in self._group(gone).items():
-            self._remove(index, group, obsolete)
+            self._remove(index, group, files)
         staying = [k for k in batch if k not in passed]
         for index, group in self._group(staying).items():
-            self._write(index, [(k, batch[k]) for k in group], obsolete)
+            self._write(index, [(k, batch[k]) for k in group], files)
         return victims if self.may_evict else []
 
     def _read_locked(self, keys: list[bytes]) -> dict[bytes, bytes]:
@@ -393,9 +435,9 @@ class DiskLevel:
             return
         with self._guard("delete"):
             groups = self._group(list(dict.fromkeys(bytes(k) for k in keys)))
-            with self._locked(list(groups)) as obsolete:
+            with self._locked(list(groups)) as files:
                 for index, group in groups.items():
-                    self._remove(index, group, obsolete)
+                    self._remove(index, group, files)
 
     def delete(self, key: bytes) -> None:
         self.delete_many([key])
