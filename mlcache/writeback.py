@@ -56,7 +56,7 @@ _WLOG = 64       # writes remembered for readers that overlapped them (``moved_s
 _WLOG_KEYS = 2048  # ... and at most this many of their keys (the log keeps evicted keys alive)
 
 
-class _Pending(dict):
+class _Pending(dict[bytes, bytes]):
     """An ordered dict of encoded entries that keeps the total length of its values, so the
     buffer can be bounded in bytes (it holds memory the heap budget no longer counts)."""
 
@@ -79,6 +79,7 @@ class _Pending(dict):
     _NONE: Any = object()
 
     def pop(self, key: bytes, default: Any = _NONE) -> Any:
+        data: bytes | None
         if default is _Pending._NONE:
             data = dict.pop(self, key)
         else:
@@ -97,14 +98,14 @@ class EvictionBuffer:
     """Encoded entries on their way down, one ordered dict per destination level."""
 
     def __init__(self, levels: int) -> None:
-        self.pending: list[dict[bytes, bytes]] = [_Pending() for _ in range(levels)]
+        self.pending: list[_Pending] = [_Pending() for _ in range(levels)]
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.pending)
 
     @property
     def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.pending)  # type: ignore[attr-defined]
+        return sum(p.nbytes for p in self.pending)
 
     def add(self, index: int, key: bytes, data: bytes) -> None:
         p = self.pending[index]

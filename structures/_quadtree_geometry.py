@@ -7,7 +7,7 @@ import struct
 from array import array
 from itertools import chain, filterfalse
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from mlcache.codec import Codec
 from mlcache.levels.heap import estimate_size
@@ -129,7 +129,7 @@ def is_packed(pts: list) -> bool:
     return bool(pts) and type(pts[0]) is bytes
 
 
-def n_points(pts: list) -> int:
+def n_points(pts: Sequence[Any]) -> int:
     """How many points a leaf's point list holds, packed or flat."""
     if pts and type(pts[0]) is bytes:
         return len(pts) - 1

@@ -9,7 +9,7 @@ leave the heap's nodes (the live originals) as they were.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._quadtree_geometry import ANY as _ANY
@@ -116,7 +116,7 @@ class _QuadtreeShrink(_QuadtreeQueries):
         """Remove points with a timestamp ``< t`` (points without one stay); returns how many."""
         return self._prune(lambda rec: rec[3] is not None and rec[3] < t, t)
 
-    def _prune(self, drop: Callable[[list], bool], t: float | None) -> int:
+    def _prune(self, drop: Callable[[Sequence[Any]], bool], t: float | None) -> int:
         touched: dict[int, list] = {}
         gone: list[int] = []
         root = self._node(ROOT)
@@ -134,7 +134,7 @@ class _QuadtreeShrink(_QuadtreeQueries):
             self._save_meta()
         return removed
 
-    def _prune_node(self, nid: int, node: list, drop: Callable[[list], bool], t: float | None,
+    def _prune_node(self, nid: int, node: list, drop: Callable[[Sequence[Any]], bool], t: float | None,
                     touched: dict[int, list], gone: list[int]) -> int:
         """Prune the subtree of ``node``; a changed node goes to ``touched`` as a copy."""
         if node[COUNT] == 0 or (t is not None and (node[TMIN] is None or node[TMIN] >= t)):

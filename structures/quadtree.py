@@ -76,7 +76,7 @@ here: ``mlcache bench events`` counts node memory by the file that allocates it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -376,6 +376,7 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
 
     kind = "quadtree"
     __slots__ = ("_held",)
+    _held: dict[int, Any] | None   # the pages a changing operation holds (see _holding)
     _sized = True
     _memo_keys = False   # node keys come from _kbs
     # the metadata is weighed from these and its fixed part (see Cacheable): every insert
@@ -557,7 +558,7 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
     def remove(self, x: float, y: float, data: Any = _ANY) -> Point:
         return self._holding(super().remove, x, y, data)
 
-    def _prune(self, drop: Callable[[list], bool], t: float | None) -> int:
+    def _prune(self, drop: Callable[[Sequence[Any]], bool], t: float | None) -> int:
         return self._holding(super()._prune, drop, t)
 
     def clear(self) -> None:

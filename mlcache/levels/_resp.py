@@ -79,7 +79,7 @@ def read_values(sock: socket.socket) -> list[bytes | None]:
     recv = sock.recv
     data = _received(recv(_RECV))
     if data[:1] == b"*" and data[-2:] == b"\r\n":
-        values = _split(data)
+        values: list[bytes | None] | None = _split(data)  # type: ignore[assignment]
         if values is not None:
             return values
     pos = 0

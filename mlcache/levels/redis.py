@@ -84,7 +84,7 @@ def _mset_packed(pairs: Sequence[tuple[bytes, bytes | Encoded]]) -> list[Any]:
     argument the same way (a separate buffer, not copied); a value in pieces is one argument
     it cannot express."""
     out: list[Any] = []
-    small = [b"*%d\r\n$4\r\nMSET\r\n" % (2 * len(pairs) + 1)]
+    small: list[Any] = [b"*%d\r\n$4\r\nMSET\r\n" % (2 * len(pairs) + 1)]
     for key, value in pairs:
         small.append(b"$%d\r\n%b\r\n$%d\r\n" % (len(key), key, len(value)))
         for part in (value.parts if type(value) is Encoded else (value,)):
@@ -395,14 +395,14 @@ class RedisLevel:
             if not batch:
                 return []
 
-            def go(client: redis.Redis) -> Victims:
+            def go_plain(client: redis.Redis) -> Victims:
                 full = [(self.prefix + k, v) for k, v in batch.items()]
                 commands = [_mset_packed(chunk) for chunk in _chunks(full, _CHUNK)]
                 _send_packed(client, [c for command in commands for c in command],
                              len(commands), self._own_connection(client))
                 return []
 
-            return self._run("put", go)
+            return self._run("put", go_plain)
         bounded: dict[bytes, bytes] = {}
         for key, value in items:
             # (an Encoded value is joined here: a bounded level reads the sizes it replaces)
@@ -453,7 +453,7 @@ class RedisLevel:
         start = 0
         plen = len(self.prefix)
         while True:
-            members = client.zrange(self._lru_key, start, start + _PAGE - 1)
+            members: Any = client.zrange(self._lru_key, start, start + _PAGE - 1)
             if not members:
                 return
             for member, size in zip(members, self._sizes(client, members)):
@@ -480,7 +480,7 @@ class RedisLevel:
                     plan = plan_fit(used, limit, new, old, self._candidates(client))
                     victims: Victims = []
                     if plan.evict:
-                        values = client.mget([self.prefix + k for k in plan.evict])
+                        values: Any = client.mget([self.prefix + k for k in plan.evict])
                         victims = [(k, v) for k, v in zip(plan.evict, values) if v is not None]
                     passed = set(plan.passthrough)
                     victims += [(k, batch[k]) for k in plan.passthrough]
@@ -551,6 +551,7 @@ class RedisLevel:
     def _scan_pages(self, client: redis.Redis, prefix: bytes) -> Iterator[list[bytes]]:
         pattern = glob_escape(self.prefix + prefix) + b"*"
         cursor = 0
+        keys: Any
         while True:
             cursor, keys = client.scan(cursor, match=pattern, count=1000)
             if keys:
