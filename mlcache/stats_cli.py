@@ -142,11 +142,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
             if args.raw:
                 print(text, end="")
-            elif args.json:
-                print(json.dumps(summarize(text), indent=2))
             else:
-                print(f"# {url} at {time.strftime('%H:%M:%S')}")
-                print(format_summary(summarize(text)), flush=True)
+                try:
+                    summary = summarize(text)
+                except ValueError as exc:    # not an exposition (a traceback before)
+                    print(f"mlcache stats: {url} did not serve Prometheus metrics: {exc}",
+                          file=sys.stderr)
+                    return 1
+                if args.json:
+                    print(json.dumps(summary, indent=2))
+                else:
+                    print(f"# {url} at {time.strftime('%H:%M:%S')}")
+                    print(format_summary(summary), flush=True)
             if not args.watch:
                 return 0
             time.sleep(args.watch)

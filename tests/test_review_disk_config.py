@@ -287,3 +287,32 @@ def test_a_failed_batch_keeps_the_large_values_it_was_replacing(tmp_path, shards
         assert len(value_files()) == 3     # big0 is inline now
     finally:
         level.close()
+
+
+# -- mlcache stats ---------------------------------------------------------------------------------
+
+def test_stats_names_a_url_that_serves_no_metrics(tmp_path, capsys):
+    # a wrong port running some other web server: the exposition parser's ValueError came out
+    # as a traceback instead of the one-line error the other scrape failures give
+    import functools
+    import http.server
+    import threading
+
+    from mlcache.stats_cli import main as stats_main
+
+    (tmp_path / "metrics").write_text("<html><body>not an exporter</body></html>\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        assert stats_main(["--url", url]) == 1
+        err = capsys.readouterr().err
+        assert url in err and "Prometheus" in err
+        assert stats_main(["--url", url, "--json"]) == 1
+        assert stats_main(["--url", url, "--raw"]) == 0     # shown as served, unparsed
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
