@@ -316,3 +316,16 @@ def test_stats_names_a_url_that_serves_no_metrics(tmp_path, capsys):
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@pytest.mark.parametrize("option", ["--csv", "--plot"])
+def test_simulate_checks_its_output_paths_before_the_run(tmp_path, capsys, option):
+    # an output path in a missing directory failed with a traceback after the whole run,
+    # its results unwritten
+    missing = str(tmp_path / "no-such-dir" / "out")
+    args = ["--trace", "gen:zipf", "--requests", "100", "--policies", "lru", "--sizes", "5",
+            "--no-progress", "--csv", str(tmp_path / "ok.csv"), "--plot", str(tmp_path / "ok.png")]
+    args[args.index(option) + 1] = missing
+    assert simulate_main(args) == 2
+    captured = capsys.readouterr()
+    assert missing in captured.err and "hit %" not in captured.out

@@ -154,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # (a generator failed with numpy's "negative dimensions" traceback; a phase trace
             # was cut from its end instead, keys[:-n])
             raise ConfigError("requests", f"must be a positive integer, got {args.requests}")
+        for name, path in (("csv", args.csv), ("plot", None if args.no_plot else args.plot)):
+            # (a missing directory failed with a traceback after the whole run)
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise ConfigError(name, f"no directory for {path}")
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise ConfigError("policies", "give at least one policy name")
