@@ -329,3 +329,14 @@ def test_simulate_checks_its_output_paths_before_the_run(tmp_path, capsys, optio
     assert simulate_main(args) == 2
     captured = capsys.readouterr()
     assert missing in captured.err and "hit %" not in captured.out
+
+
+@pytest.mark.parametrize("fmt", ["keys", "csv"])
+def test_keys_that_are_not_utf8_stay_distinct(tmp_path, fmt):
+    # undecodable bytes were replaced by U+FFFD, so "caf\xe9" and "caf\xe8" (a Latin-1 trace)
+    # became one key and every request of the one counted as a hit on the other
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"caf\xe9\ncaf\xe8\ncaf\xe9\n")
+    trace = read_trace(f"{fmt}:{path}")
+    assert len(trace) == 3 and trace.unique_keys() == 2
+    assert trace.keys[0] == trace.keys[2] != trace.keys[1]

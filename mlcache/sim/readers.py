@@ -63,12 +63,17 @@ class Trace:
         return len(set(self.keys))
 
 
+# utf-8-sig: a byte-order mark is not part of the first key; surrogateescape: bytes that are not
+# UTF-8 keep keys apart ("replace" made every such key the same U+FFFD string).
+_ENCODING, _ERRORS = "utf-8-sig", "surrogateescape"
+
+
 def _open_text(path: str) -> IO[str]:
     with open(path, "rb") as fh:
         magic = fh.read(2)
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", errors="replace")
-    return open(path, encoding="utf-8-sig", errors="replace")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding=_ENCODING, errors=_ERRORS)
+    return open(path, encoding=_ENCODING, errors=_ERRORS)
 
 
 def _is_number(text: str) -> bool:
