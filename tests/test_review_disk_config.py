@@ -340,3 +340,19 @@ def test_keys_that_are_not_utf8_stay_distinct(tmp_path, fmt):
     trace = read_trace(f"{fmt}:{path}")
     assert len(trace) == 3 and trace.unique_keys() == 2
     assert trace.keys[0] == trace.keys[2] != trace.keys[1]
+
+
+def test_phase_trace_reports_the_bad_lines_its_parts_skipped(tmp_path, capsys):
+    # --skip-bad-lines promises a count; a phase: trace dropped its parts' counts
+    from mlcache.sim.cli import load_trace
+
+    a = tmp_path / "a.lirs"
+    a.write_text("1\nx\n2\n")
+    b = tmp_path / "b.lirs"
+    b.write_text("3\ny\nz\n4\n")
+    trace = load_trace(f"phase:lirs:{a},lirs:{b}", skip_bad_lines=True)
+    assert trace.keys == [1, 2, 3, 4, 1, 2] and trace.skipped == 3
+    assert simulate_main(["--trace", f"phase:lirs:{a},lirs:{b}", "--skip-bad-lines",
+                          "--policies", "lru", "--sizes", "2", "--no-progress", "--no-plot",
+                          "--csv", str(tmp_path / "o.csv")]) == 0
+    assert "3 bad lines skipped" in capsys.readouterr().out

@@ -47,7 +47,9 @@ def load_trace(spec: str, *, skip_bad_lines: bool = False, requests: int = 1_000
                 for part in parts)
         for part in (a, b):  # each phase is at most `requests` long, like a generated trace
             part.keys = part.keys[:requests]  # (phase_change keeps keys only)
-        return generators.phase_change(a, b)
+        trace = generators.phase_change(a, b)
+        trace.skipped = a.skipped + b.skipped    # (the count of --skip-bad-lines was lost)
+        return trace
     if sep and fmt == "gen":
         if rest not in _GENERATORS:
             raise ConfigError("trace", f"unknown generator {rest!r}; known: {sorted(_GENERATORS)}")
