@@ -258,3 +258,19 @@ def test_disk_level_directory_is_private(tmp_path):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     finally:
         os.umask(old)
+
+
+def test_redis_level_never_prints_a_password_given_in_the_query():
+    # regression: the level masked only user:pw@; redis-py also reads ?password=
+    from mlcache.levels.redis import RedisLevel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]       # nothing listens there once closed
+    level = RedisLevel(RedisConfig(url=f"redis://127.0.0.1:{port}/0?password=s3cret",
+                                   retries=0, socket_timeout=0.5))
+    assert "s3cret" not in repr(level)
+    with pytest.raises(LevelUnavailableError) as err:
+        level.get_many([b"k"])
+    assert "s3cret" not in str(err.value)
+    level.close()

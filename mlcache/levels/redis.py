@@ -30,14 +30,13 @@ import socket
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..codec import Encoded
-from ..config import RedisConfig
+from ..config import RedisConfig, redacted_url
 from ..errors import CacheError, CapacityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
 from ._resp import request_values
@@ -60,16 +59,6 @@ _GLOB = re.compile(rb"([*?\[\]\\])")
 def glob_escape(data: bytes) -> bytes:
     """Escape the bytes that are special in a Redis ``MATCH`` pattern."""
     return _GLOB.sub(rb"\\\1", data)
-
-
-def _safe_url(url: str) -> str:
-    """The URL without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
 
 
 def _chunks(seq: Sequence[Any], n: int = _CHUNK) -> Iterator[Sequence[Any]]:
@@ -229,7 +218,7 @@ class RedisLevel:
         return _DIRECT if self.max_bytes is None else None
 
     def __repr__(self) -> str:
-        return (f"RedisLevel(url={_safe_url(self.config.url)!r}, prefix={self.config.prefix!r}, "
+        return (f"RedisLevel(url={redacted_url(self.config.url)!r}, prefix={self.config.prefix!r}, "
                 f"max_bytes={self.max_bytes})")
 
     # -- connection ------------------------------------------------------------------------
@@ -335,7 +324,7 @@ class RedisLevel:
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 if attempt + 1 >= attempts:
                     raise LevelUnavailableError(
-                        f"redis level at {_safe_url(self.url)}: {op} failed after {attempts} "
+                        f"redis level at {redacted_url(self.url)}: {op} failed after {attempts} "
                         f"attempts: {exc}", level=self.name) from exc
                 time.sleep(min(0.2, 0.01 * (2 ** attempt)))
             except redis.ResponseError as exc:
@@ -343,9 +332,9 @@ class RedisLevel:
                 # the code from the message (the prefix test alone never matched)
                 if isinstance(exc, redis.exceptions.OutOfMemoryError) or \
                         str(exc).startswith("OOM"):
-                    raise CapacityError(f"redis level at {_safe_url(self.url)}: {op}: {exc}",
+                    raise CapacityError(f"redis level at {redacted_url(self.url)}: {op}: {exc}",
                                         level=self.name) from exc
-                raise LevelUnavailableError(f"redis level at {_safe_url(self.url)}: {op}: {exc}",
+                raise LevelUnavailableError(f"redis level at {redacted_url(self.url)}: {op}: {exc}",
                                             level=self.name) from exc
         raise AssertionError("unreachable")
 
