@@ -317,7 +317,7 @@ class CacheConfig:
     heap: HeapConfig | None = field(default_factory=HeapConfig)
     levels: tuple[LevelConfig, ...] = field(default_factory=lambda: (DiskConfig(),))
     namespace: str = "default"
-    signing_key: bytes | None = None
+    signing_key: bytes | None = field(default=None, repr=False)   # a secret: never printed
     allow_pickle: bool = True
     writer_threads: int = 1
     write_batch_size: int = 256

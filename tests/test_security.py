@@ -274,3 +274,10 @@ def test_redis_level_never_prints_a_password_given_in_the_query():
         level.get_many([b"k"])
     assert "s3cret" not in str(err.value)
     level.close()
+
+
+def test_config_repr_never_prints_the_signing_key():
+    # regression: CacheConfig's repr (logged by jobs that print their config) held the key
+    config = CacheConfig(signing_key=b"k" * 15 + b"!", levels=())
+    assert "kkkkkkkkkkkkkkk!" not in repr(config)
+    assert config.signing_key == b"k" * 15 + b"!"
