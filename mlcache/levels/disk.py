@@ -222,7 +222,8 @@ class DiskLevel:
                                         level=self.name) from exc
 
     @contextlib.contextmanager
-    def _locked(self, indexes: Sequence[int]) -> Iterator[list[tuple[int, str]]]:
+    def _locked(self, indexes: Sequence[int]
+                ) -> Iterator[tuple[list[tuple[int, str]], list[tuple[int, str]]]]:
         """One transaction on each shard in ``indexes``, taken in index order (no deadlock).
 
         Yields two lists of ``(shard, filename)``: value files the batch made obsolete, removed
