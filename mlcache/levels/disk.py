@@ -92,6 +92,19 @@ class _SizedDisk(diskcache.Disk):
         return size, mode, filename, db_value
 
 
+def _fsync(path: str) -> bool:
+    """fsync a file or a directory; False if it is gone (replaced or deleted since)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
 def _chunks(seq: Sequence[Any], n: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
@@ -490,16 +503,19 @@ class DiskLevel:
         with self._guard("sync"), self._sync_lock:
             for shard in self._shards:
                 pending = shard.disk.unsynced
+                root = shard.disk._directory
+                dirs: set[str] = set()
                 while pending:
                     path = pending.pop()
-                    try:
-                        fd = os.open(path, os.O_RDONLY)
-                    except FileNotFoundError:
-                        continue    # replaced or deleted since; nothing to make durable
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    if _fsync(path):
+                        dirs.add(os.path.dirname(path))
+                # A new file is reachable after a crash only once its directory entry is on
+                # disk too, and so on up for subdirectories diskcache made for it.
+                while dirs:
+                    for d in dirs:
+                        _fsync(d)
+                    dirs = {os.path.dirname(d) for d in dirs
+                            if d != root and os.path.dirname(d).startswith(root)}
                 shard._sql("PRAGMA wal_checkpoint(FULL)").fetchall()
 
     def close(self) -> None:
