@@ -388,3 +388,18 @@ def test_sync_makes_new_value_files_reachable_after_a_crash(tmp_path, monkeypatc
         chain = os.path.dirname(chain)
     assert level.get_many([b"big"]) == [b"x" * (1 << 20)]
     level.close()
+
+
+def test_policy_errors_name_the_field_the_user_set(tmp_path):
+    # regression: an unknown arena policy was reported under "policy", and bad heap
+    # policy_options under "policy.wtinylfu": fields no config has
+    from mlcache import CacheManager
+    from mlcache.config import ArenaConfig, HeapConfig
+
+    disk = DiskConfig(path=str(tmp_path / "d"))
+    with pytest.raises(ConfigError) as err:
+        CacheManager(CacheConfig(heap=None, levels=(ArenaConfig(policy="nope"), disk)))
+    assert err.value.field == "arena.policy" and "registered" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        CacheManager(CacheConfig(heap=HeapConfig(policy_options={"bogus": 1}), levels=(disk,)))
+    assert err.value.field == "heap.policy_options" and "bogus" in str(err.value)

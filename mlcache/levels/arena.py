@@ -70,7 +70,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 from ..config import ArenaConfig
-from ..errors import LevelUnavailableError
+from ..errors import ConfigError, LevelUnavailableError
 from ..policies import get_policy
 from ._arena_bound import _SMALL_KEY, ENTRY_OVERHEAD, LEVEL_OVERHEAD, ArenaBound, _as_view
 from ._arena_hotpaths import bind_hot_paths
@@ -114,7 +114,10 @@ class ArenaLevel(ArenaBound):
         # run-list heads (4 bytes per list)
         self._fixed = LEVEL_OVERHEAD + 4 * bpb + 4 * (self._big + 1)
         self._index_room = self.max_bytes - self._fixed   # what the index may use today
-        policy_cls = get_policy(cfg.policy)
+        try:
+            policy_cls = get_policy(cfg.policy)
+        except ConfigError as exc:
+            raise ConfigError("arena.policy", str(exc).split(": ", 1)[-1]) from None
         self._policy = None if lru else policy_cls(self.max_bytes)
         self._lookup: Callable[[bytes], int | None] = self._index.get   # bound once: the hot
         # paths skip two lookups

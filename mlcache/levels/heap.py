@@ -137,8 +137,8 @@ class HeapLevel:
             options["expected_entries"] = max(64, capacity // self.bytes_per_expected_entry)
         try:
             self.policy = cls(capacity, **options)
-        except ConfigError:
-            raise
+        except ConfigError as exc:   # the policy names itself; the user set heap.policy_options
+            raise ConfigError("heap.policy_options", str(exc)) from None
         except TypeError as exc:
             raise ConfigError("heap.policy_options", str(exc)) from None
         batch = getattr(self.policy, "insert_many", None)
