@@ -11,6 +11,7 @@ from mlcache.errors import ConfigError
 from mlcache.sim import (TraceFormatError, hotspot, loop, phase_change, play, read_trace, scan,
                          scrambled_zipf, shifting_hot_set, zipf)
 from mlcache.sim.cli import main as simulate_main
+from mlcache.sim.readers import ARC_MAX_COUNT
 
 
 def _write(path, text, gz=False):
@@ -187,3 +188,19 @@ def test_phase_spec_builds_a_b_a_capped_at_requests(tmp_path, capsys):
                         "--sizes", "5", "--no-progress", "--no-plot",
                         "--csv", str(tmp_path / "p.csv")])
     assert rc == 0 and "a-b-a: 40 requests" in capsys.readouterr().out
+
+
+# -- hostile trace lines ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", [ARC_MAX_COUNT + 1, 100_000_000_000])
+def test_an_arc_count_too_large_is_a_bad_line_not_an_allocation(tmp_path, count):
+    # regression: `1 100000000000 0 0` was expanded into a list of 10**11 keys (a MemoryError or
+    # the machine swapping) instead of an error naming the file and the line
+    path = _write(tmp_path / "big.arc", f"1 3 0 0\n5 {count} 0 0\n7 1 0 0\n")
+    with pytest.raises(TraceFormatError, match="more than") as err:
+        read_trace(f"arc:{path}")
+    assert (err.value.path, err.value.line) == (path, 2)
+    t = read_trace(f"arc:{path}", skip_bad_lines=True)
+    assert t.keys == [1, 2, 3, 7] and t.skipped == 1
+    edge = _write(tmp_path / "edge.arc", f"0 {ARC_MAX_COUNT} 0 0\n")
+    assert len(read_trace(f"arc:{edge}")) == ARC_MAX_COUNT      # the bound itself is accepted

@@ -8,7 +8,10 @@ not their name.
 Formats (``FORMAT:PATH`` on the command line):
 
 * ``arc`` — ARC traces (Megiddo & Modha): ``start count ignored ignored`` per line, meaning the
-  ``count`` requests ``start``, ``start+1``, ... ``start+count-1``.
+  ``count`` requests ``start``, ``start+1``, ... ``start+count-1``. A count above
+  ``ARC_MAX_COUNT`` (2**20) is a bad line: the count is a request's length in 512-byte blocks, a
+  few thousand at most in the published traces, and a corrupt field would otherwise expand into
+  an allocation that exhausts memory.
 * ``lirs`` — LIRS traces (Jiang & Zhang): one integer key per line; lines of ``*`` are markers
   and are ignored, as are blank lines.
 * ``keys`` — one key per line, taken verbatim as a string (an all-digit key becomes an int, so a
@@ -30,7 +33,11 @@ from typing import IO, Callable, Hashable, Iterator
 
 from mlcache.errors import CacheError
 
-__all__ = ["Trace", "TraceFormatError", "read_trace", "FORMATS"]
+__all__ = ["Trace", "TraceFormatError", "read_trace", "FORMATS", "ARC_MAX_COUNT"]
+
+# Requests one ARC line may expand into (see the module docstring): 2**20 requests cost about
+# 40 MB of list and ints, a count of 10**11 asked for terabytes.
+ARC_MAX_COUNT = 1 << 20
 
 
 class TraceFormatError(CacheError, ValueError):
@@ -137,6 +144,10 @@ def _read_arc(path: str, lines: _Lines, out: list) -> None:
                     raise ValueError
             except (ValueError, IndexError):
                 lines.bad(lineno, line.strip(), "expected 'start count [x x]' integers")
+                continue
+            if count > ARC_MAX_COUNT:
+                lines.bad(lineno, line.strip(), f"count {count} is more than {ARC_MAX_COUNT} "
+                                                f"requests on one line")
                 continue
             if count == 1:
                 append(start)
