@@ -204,3 +204,27 @@ def test_an_arc_count_too_large_is_a_bad_line_not_an_allocation(tmp_path, count)
     assert t.keys == [1, 2, 3, 7] and t.skipped == 1
     edge = _write(tmp_path / "edge.arc", f"0 {ARC_MAX_COUNT} 0 0\n")
     assert len(read_trace(f"arc:{edge}")) == ARC_MAX_COUNT      # the bound itself is accepted
+
+
+@pytest.mark.parametrize("field", ["nan", "inf", "-inf", "NaN", "Infinity"])
+def test_a_csv_time_that_is_not_finite_is_a_bad_line(tmp_path, field):
+    # regression: float() reads these, and the trace kept NaN and inf event times that no
+    # policy orders (the CSV weight already had to be a positive integer)
+    path = _write(tmp_path / "t.csv", f"a,1.0\nb,{field},2\nc,3.0\n")
+    with pytest.raises(TraceFormatError, match="finite") as err:
+        read_trace(f"csv:{path}")
+    assert (err.value.path, err.value.line) == (path, 2)
+    t = read_trace(f"csv:{path}", skip_bad_lines=True)
+    assert t.keys == ["a", "c"] and t.ts == [1.0, 3.0] and t.skipped == 1
+    first = _write(tmp_path / "first.csv", f"a,{field}\nb,2.0\n")   # not taken for a header
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(f"csv:{first}")
+    assert err.value.line == 1
+
+
+@pytest.mark.parametrize("weight", ["-1", "nan", "inf", "1.5"])
+def test_a_csv_weight_that_is_not_a_positive_integer_is_a_bad_line(tmp_path, weight):
+    path = _write(tmp_path / "w.csv", f"a,1.0,2\nb,2.0,{weight}\n")
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(f"csv:{path}")
+    assert (err.value.path, err.value.line) == (path, 2)

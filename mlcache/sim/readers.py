@@ -17,7 +17,7 @@ Formats (``FORMAT:PATH`` on the command line):
 * ``keys`` — one key per line, taken verbatim as a string (an all-digit key becomes an int, so a
   ``keys`` file and a ``lirs`` file of integers give the same trace).
 * ``csv`` — ``key[,ts][,weight]`` per line; an optional header line whose second field is not a
-  number is skipped; ``ts`` is a float (event time), ``weight`` a positive integer.
+  number is skipped; ``ts`` is a finite float (event time), ``weight`` a positive integer.
 
 A malformed line raises :class:`TraceFormatError` naming the file and the line number, unless
 ``skip_bad_lines=True``, in which case it is counted in ``Trace.skipped``.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -194,12 +195,12 @@ def _read_csv(path: str, lines: _Lines, keys: list, ts: list, weights: list) -> 
             try:
                 t = float(parts[1]) if len(parts) > 1 and parts[1] else None
                 w = int(parts[2]) if len(parts) > 2 and parts[2] else None
-                if w is not None and w <= 0:
-                    raise ValueError
+                if (w is not None and w <= 0) or (t is not None and not math.isfinite(t)):
+                    raise ValueError    # (NaN and inf times were taken as event times)
             except ValueError:
                 if lineno == 1 and not keys and len(parts) > 1 and not _is_number(parts[1]):
                     continue  # a header line: its second field is a name, not a time
-                lines.bad(lineno, text, "ts must be a number and weight a positive integer")
+                lines.bad(lineno, text, "ts must be a finite number and weight a positive integer")
                 continue
             keys.append(_int_key(parts[0]))
             ts.append(float(len(keys)) if t is None else t)
