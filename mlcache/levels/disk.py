@@ -43,6 +43,9 @@ __all__ = ["DiskLevel"]
 _CHUNK = 500          # bound on SQL variables per statement
 _PAGE = 256           # rows per page when walking eviction candidates or scanning
 _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+# Value files a shard may hold for sync() before a write syncs them itself: the set of their
+# paths (about 160 bytes each) grew without bound in a process that never called sync().
+_UNSYNCED_LIMIT = 1024
 
 # One statement per batch instead of diskcache's SELECT + UPDATE/INSERT per key (about ten times
 # fewer microseconds per key). It writes diskcache's own table exactly as ``Cache.set`` would, so
@@ -372,14 +375,18 @@ class DiskLevel:
         if not batch:
             return []
         with self._guard("put"):
+            victims: Victims = []
             if self.max_bytes is None:
                 groups = self._group(list(batch))
                 with self._locked(list(groups)) as files:
                     for index, group in groups.items():
                         self._write(index, [(k, batch[k]) for k in group], files)
-                return []
-            with self._locked(range(len(self._shards))) as files:
-                return self._put_bounded(batch, self.max_bytes, files)
+            else:
+                with self._locked(range(len(self._shards))) as files:
+                    victims = self._put_bounded(batch, self.max_bytes, files)
+            if files[1]:
+                self._sync_backlog()
+        return victims
 
     def _put_bounded(self, batch: dict[bytes, bytes], limit: int,
                      files: tuple[list[tuple[int, str]], list[tuple[int, str]]]) -> Victims:
@@ -502,21 +509,45 @@ class DiskLevel:
         """Make every committed write durable: fsync new value files, checkpoint the WAL."""
         with self._guard("sync"), self._sync_lock:
             for shard in self._shards:
-                pending = shard.disk.unsynced
-                root = shard.disk._directory
-                dirs: set[str] = set()
-                while pending:
-                    path = pending.pop()
-                    if _fsync(path):
-                        dirs.add(os.path.dirname(path))
-                # A new file is reachable after a crash only once its directory entry is on
-                # disk too, and so on up for subdirectories diskcache made for it.
-                while dirs:
-                    for d in dirs:
-                        _fsync(d)
-                    dirs = {os.path.dirname(d) for d in dirs
-                            if d != root and os.path.dirname(d).startswith(root)}
+                self._sync_files(shard)
                 shard._sql("PRAGMA wal_checkpoint(FULL)").fetchall()
+
+    def _sync_files(self, shard: diskcache.Cache) -> None:
+        """fsync the value files written since the last call and their directories; hold
+        ``_sync_lock``. After a failure every file taken stays pending for the next call."""
+        pending = shard.disk.unsynced
+        root = shard.disk._directory
+        taken: list[str] = []
+        try:
+            dirs: set[str] = set()
+            while pending:
+                path = pending.pop()
+                taken.append(path)
+                if _fsync(path):
+                    dirs.add(os.path.dirname(path))
+            # A new file is reachable after a crash only once its directory entry is on disk
+            # too, and so on up for subdirectories diskcache made for it.
+            while dirs:
+                for d in dirs:
+                    _fsync(d)
+                dirs = {os.path.dirname(d) for d in dirs
+                        if d != root and os.path.dirname(d).startswith(root)}
+        except BaseException:
+            pending.update(taken)    # (they were lost: the next sync() reported success)
+            raise
+
+    def _sync_backlog(self) -> None:
+        """Sync the value files of a shard holding more than ``_UNSYNCED_LIMIT`` of them, so
+        the set stays bounded without sync(); what sync() promises is unchanged (a file synced
+        early is durable earlier). A failure leaves the files pending: sync() reports it."""
+        for shard in self._shards:
+            if len(shard.disk.unsynced) > _UNSYNCED_LIMIT and self._sync_lock.acquire(False):
+                try:
+                    self._sync_files(shard)
+                except OSError:
+                    pass
+                finally:
+                    self._sync_lock.release()
 
     def close(self) -> None:
         if self._closed:

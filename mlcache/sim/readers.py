@@ -34,7 +34,7 @@ from typing import IO, Callable, Hashable, Iterator
 
 from mlcache.errors import CacheError
 
-__all__ = ["Trace", "TraceFormatError", "read_trace", "FORMATS", "ARC_MAX_COUNT"]
+__all__ = ["ARC_MAX_COUNT", "FORMATS", "Trace", "TraceFormatError", "read_trace"]
 
 # Requests one ARC line may expand into (see the module docstring): 2**20 requests cost about
 # 40 MB of list and ints, a count of 10**11 asked for terabytes.
