@@ -106,49 +106,60 @@ class SteadyMiss:
         i = m & mask  # from here on small ints: 64-bit ones are multi-digit PyLongs, slower
         t = self._table  # the sketch's layout: row 0 | row 1 << 4, then row 2 | row 3 << 4
         bar = self._bar - pending.get(cand, 0)  # what the candidate's sketch rows must reach
-        code = _LOST_WINDOW  # the ghost's record if the candidate leaves
         f = t[i] & 15
-        if f >= bar:  # (else row 0 refuses it: most candidates)
-            if f:
-                b = ((m >> 32) | 1) & mask  # rows 1-3: Kirsch-Mitzenmacher steps, mod the width
-                i = (i + b) & mask
-                c = t[i] >> 4
-                if c >= bar:
-                    if c:
-                        if c < f:
-                            f = c
-                        w = self._width
-                        i = (i + b) & mask
-                        c = t[i + w] & 15
-                        if c >= bar:
-                            if c:
+        if f < bar:  # row 0 refuses the candidate: most misses end here
+            ticks = self._ticks - 1  # the ghosts remember one loss in _SAMPLE
+            if ticks:
+                self._ticks = ticks
+                return cand
+            self._ticks = _SAMPLE
+            if self._adaptive:
+                ghosts = self._wghost
+                ghosts[cand] = _LOST_WINDOW
+                if len(ghosts) > self._ghost_limit:
+                    ghosts.popitem(False)
+            return cand
+        code = _LOST_WINDOW  # the ghost's record if the candidate leaves
+        if f:
+            b = ((m >> 32) | 1) & mask  # rows 1-3: Kirsch-Mitzenmacher steps, mod the width
+            i = (i + b) & mask
+            c = t[i] >> 4
+            if c >= bar:
+                if c:
+                    if c < f:
+                        f = c
+                    w = self._width
+                    i = (i + b) & mask
+                    c = t[i + w] & 15
+                    if c >= bar:
+                        if c:
+                            if c < f:
+                                f = c
+                            i = (i + b) & mask
+                            c = t[i + w] >> 4
+                            if c >= bar:
                                 if c < f:
                                     f = c
-                                i = (i + b) & mask
-                                c = t[i + w] >> 4
-                                if c >= bar:
-                                    if c < f:
-                                        f = c
-                                    if f != bar or not self._tie_ok:
-                                        return self._settle(cand, victim, f)
-                                    self._tie = True  # a tie the incumbent keeps
-                                    code = _LOST_TIE
-                            elif bar or not self._tie_ok:  # a zero row: the estimate is 0
-                                return self._settle(cand, victim, 0)
-                            else:
-                                self._tie = True
+                                if f != bar or not self._tie_ok:
+                                    return self._settle(cand, victim, f)
+                                self._tie = True  # a tie the incumbent keeps
                                 code = _LOST_TIE
-                    elif bar or not self._tie_ok:
-                        return self._settle(cand, victim, 0)
-                    else:
-                        self._tie = True
-                        code = _LOST_TIE
-            elif bar or not self._tie_ok:
-                return self._settle(cand, victim, 0)
-            else:
-                self._tie = True
-                code = _LOST_TIE
-        ticks = self._ticks - 1  # the ghosts remember one loss in _SAMPLE
+                        elif bar or not self._tie_ok:  # a zero row: the estimate is 0
+                            return self._settle(cand, victim, 0)
+                        else:
+                            self._tie = True
+                            code = _LOST_TIE
+                elif bar or not self._tie_ok:
+                    return self._settle(cand, victim, 0)
+                else:
+                    self._tie = True
+                    code = _LOST_TIE
+        elif bar or not self._tie_ok:
+            return self._settle(cand, victim, 0)
+        else:
+            self._tie = True
+            code = _LOST_TIE
+        ticks = self._ticks - 1
         if ticks:
             self._ticks = ticks
             return cand

@@ -148,56 +148,68 @@ class _PolicyCache(cachetools.Cache):
         i = m & mask
         t = p._table
         bar = p._bar - pending.get(cand, 0)
-        code = _LOST_WINDOW
         f = t[i] & 15
-        if f >= bar:
-            if f:
-                b = ((m >> 32) | 1) & mask
-                i = (i + b) & mask
-                c = t[i] >> 4
-                if c >= bar:
-                    if c:
-                        if c < f:
-                            f = c
-                        w = p._width
-                        i = (i + b) & mask
-                        c = t[i + w] & 15
-                        if c >= bar:
-                            if c:
+        if f < bar:  # row 0 refuses the candidate: most misses end here
+            del data[cand]
+            ticks = p._ticks - 1
+            if ticks:
+                p._ticks = ticks
+                return
+            p._ticks = _SAMPLE
+            if p._adaptive:
+                ghosts = p._wghost
+                ghosts[cand] = _LOST_WINDOW
+                if len(ghosts) > p._ghost_limit:
+                    ghosts.popitem(False)
+            return
+        code = _LOST_WINDOW
+        if f:
+            b = ((m >> 32) | 1) & mask
+            i = (i + b) & mask
+            c = t[i] >> 4
+            if c >= bar:
+                if c:
+                    if c < f:
+                        f = c
+                    w = p._width
+                    i = (i + b) & mask
+                    c = t[i + w] & 15
+                    if c >= bar:
+                        if c:
+                            if c < f:
+                                f = c
+                            i = (i + b) & mask
+                            c = t[i + w] >> 4
+                            if c >= bar:
                                 if c < f:
                                     f = c
-                                i = (i + b) & mask
-                                c = t[i + w] >> 4
-                                if c >= bar:
-                                    if c < f:
-                                        f = c
-                                    if f != bar or not p._tie_ok:
-                                        settle = self._settle
-                                        del data[settle(cand, victim, f)]
-                                        return
-                                    p._tie = True
-                                    code = _LOST_TIE
-                            elif bar or not p._tie_ok:
-                                settle = self._settle
-                                del data[settle(cand, victim, 0)]
-                                return
-                            else:
+                                if f != bar or not p._tie_ok:
+                                    settle = self._settle
+                                    del data[settle(cand, victim, f)]
+                                    return
                                 p._tie = True
                                 code = _LOST_TIE
-                    elif bar or not p._tie_ok:
-                        settle = self._settle
-                        del data[settle(cand, victim, 0)]
-                        return
-                    else:
-                        p._tie = True
-                        code = _LOST_TIE
-            elif bar or not p._tie_ok:
-                settle = self._settle
-                del data[settle(cand, victim, 0)]
-                return
-            else:
-                p._tie = True
-                code = _LOST_TIE
+                        elif bar or not p._tie_ok:
+                            settle = self._settle
+                            del data[settle(cand, victim, 0)]
+                            return
+                        else:
+                            p._tie = True
+                            code = _LOST_TIE
+                elif bar or not p._tie_ok:
+                    settle = self._settle
+                    del data[settle(cand, victim, 0)]
+                    return
+                else:
+                    p._tie = True
+                    code = _LOST_TIE
+        elif bar or not p._tie_ok:
+            settle = self._settle
+            del data[settle(cand, victim, 0)]
+            return
+        else:
+            p._tie = True
+            code = _LOST_TIE
         del data[cand]
         ticks = p._ticks - 1
         if ticks:
