@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -81,3 +82,115 @@ def test_a_failed_sync_keeps_the_files_it_had_not_made_durable(tmp_path, monkeyp
         assert {os.path.normpath(p) for p in synced} >= _value_files(level.path)
     finally:
         level.close()
+
+
+# -- close: every thread's connection ---------------------------------------------------------------
+
+def _open_files_under(path: str) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(path + os.sep):
+            found.append(target)
+    return found
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc fds")
+
+
+@needs_proc
+@pytest.mark.parametrize("shards", [1, 3])
+def test_close_closes_the_connections_of_every_thread(tmp_path, shards):
+    # regression: diskcache keeps one SQLite connection per thread and its close() closes the
+    # calling thread's only; the connections of the writer thread or of Spark task threads, and
+    # the database, WAL and shared-memory files they hold, stayed open while those threads lived.
+    # (This also fails if diskcache opens a connection other than through Cache._con.)
+    from mlcache.errors import LevelUnavailableError
+
+    level = DiskLevel(DiskConfig(path=str(tmp_path / "d"), shards=shards, max_bytes=1 << 24))
+    used, release = threading.Barrier(4), threading.Event()
+    outcomes: list[str] = []
+
+    def worker(n: int) -> None:
+        level.put_many([(b"w%d-%d" % (n, i), os.urandom(i * 9000)) for i in range(6)])
+        level.get_many([b"w%d-%d" % (n, i) for i in range(6)])
+        used.wait()
+        release.wait()
+        for call in (lambda: level.get_many([b"w0-1"]), lambda: level.put_many([(b"x", b"y")]),
+                     lambda: list(level.scan(b"")), level.sync, lambda: len(level)):
+            try:
+                call()
+            except LevelUnavailableError as exc:
+                outcomes.append("closed" if "is closed" in str(exc) else repr(exc))
+            else:
+                outcomes.append("answered")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    used.wait()
+    assert _open_files_under(level.path)
+    level.close()
+    try:
+        assert _open_files_under(level.path) == []     # the other threads are still alive
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+    assert outcomes == ["closed"] * 15
+    assert _open_files_under(level.path) == []
+    again = DiskLevel(DiskConfig(path=str(tmp_path / "d"), shards=shards))
+    try:
+        assert again.get_many([b"w2-5"]) != [None]
+    finally:
+        again.close()
+
+
+@needs_proc
+def test_close_while_other_threads_read_and_write(tmp_path):
+    # close() used to pull the connection from under a call in progress on another thread; now
+    # it waits for the calls in progress and every later call says the level is closed
+    from mlcache.errors import LevelUnavailableError
+
+    level = DiskLevel(DiskConfig(path=str(tmp_path / "d"), shards=2))
+    started = threading.Barrier(5)
+    errors: list[str] = []
+    done = [0] * 4
+
+    def worker(n: int) -> None:
+        i = 0
+        while True:
+            try:
+                level.put_many([(b"k%d-%d" % (n, i % 50), os.urandom(40 if i % 3 else BIG))])
+                level.get_many([b"k%d-%d" % (n, j) for j in range(10)])
+                if i % 7 == 0:
+                    level.delete_many([b"k%d-%d" % (n, i % 50)])
+            except LevelUnavailableError as exc:
+                if "is closed" not in str(exc):
+                    errors.append(repr(exc))
+                    started.abort()
+                return
+            except Exception as exc:     # noqa: BLE001 - any other error is the defect
+                errors.append(repr(exc))
+                started.abort()          # (rather than leave the test waiting)
+                return
+            i += 1
+            done[n] = i
+            if i == 20:
+                started.wait()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        started.wait()
+    finally:
+        level.close()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert min(done) >= 20
+    assert _open_files_under(level.path) == []
