@@ -223,6 +223,13 @@ class Lookahead(Iterator[Any]):
         except StopIteration:
             self._exhausted = True
             return False
+        except Exception as exc:
+            # The input itself failed: the records read before are handed over first and its
+            # error comes where a plain loop over the input would meet it (raised here, it
+            # reached the caller up to ``depth`` records early, and those records were lost).
+            self._exhausted = True
+            self._queue.append((None, None, None, self._index, exc))
+            return True
         i = self._index
         self._index += 1
         try:
@@ -373,6 +380,7 @@ def prefetching(iterable: Iterable[Any], key: Callable[[Any], Any], *,
     time goes to the record's hint and, as the policy's "now", to the gets and puts made while
     the record is processed. ``depth`` is the number of records read ahead,
     or ``"auto"`` to adapt it to the measured fetch latency. A failing ``key``/``ts`` raises
-    :class:`RecordKeyError` naming the record index when that record is reached.
+    :class:`RecordKeyError` naming the record index when that record is reached; an error
+    raised by ``iterable`` itself comes after the records read before it, as in a plain loop.
     """
     return Lookahead(iterable, key, ts, cache, depth)

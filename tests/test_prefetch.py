@@ -802,3 +802,23 @@ def test_operator_installs_staged_reads_in_order_of_use(tmp_path, redis_url):
             assert [m.get(i) for i in range(10, 30)] == [i * 10 for i in range(10, 30)]
         finally:
             p.detach(operator)
+
+
+def test_an_error_of_the_input_comes_after_the_records_read_before_it(tmp_path):
+    # The operator reads ahead: an exception raised by the input itself reached the caller up
+    # to ``depth`` records early, and the records read ahead of it were never handed over.
+    cfg = _disk_config(tmp_path, None)
+    _fill(cfg, [(i, i) for i in range(100)])
+
+    def records():
+        for i in range(100):
+            if i == 50:
+                raise RuntimeError("input broke at 50")
+            yield i
+
+    with CacheManager(cfg) as m:
+        seen = []
+        with pytest.raises(RuntimeError, match="input broke at 50"):
+            for r in prefetching(records(), key=lambda r: r, cache=m, depth=16):
+                seen.append(m.get(r))
+        assert seen == list(range(50))
