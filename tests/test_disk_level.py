@@ -194,3 +194,78 @@ def test_close_while_other_threads_read_and_write(tmp_path):
     assert errors == []
     assert min(done) >= 20
     assert _open_files_under(level.path) == []
+
+
+# -- one directory, several levels -----------------------------------------------------------------
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_two_levels_on_one_directory_in_one_process_share_it_exactly(tmp_path, shards):
+    # A disk directory is shared by the processes of a host (its data, byte count and recency
+    # order live in SQLite), and two levels opened on it in one process are two more openers:
+    # each sees the other's writes, the byte count is the directory's, and closing one leaves
+    # the other working (close() closes the connections of its own level only).
+    path = str(tmp_path / "d")
+    a = DiskLevel(DiskConfig(path=path, shards=shards, max_bytes=300_000))
+    b = DiskLevel(DiskConfig(path=path, shards=shards, max_bytes=300_000))
+    victims: dict[bytes, bytes] = {}
+    last: dict[bytes, bytes] = {}
+    lock = threading.Lock()
+
+    def writer(level: DiskLevel, tag: bytes) -> None:
+        for i in range(150):
+            key, value = tag + b"%d" % (i % 40), os.urandom((i * 7919) % BIG + 1)
+            out = level.put_many([(key, value)])
+            with lock:
+                last[key] = value
+                victims.update(out)
+
+    threads = [threading.Thread(target=writer, args=(lv, tag)) for lv, tag in ((a, b"a"), (b, b"b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        keys = sorted(a.scan(b""))
+        assert keys == sorted(b.scan(b"")) and set(keys) <= set(last)
+        values = a.get_many(keys)
+        assert values == b.get_many(keys) == [last[k] for k in keys]
+        assert set(last) - set(keys) <= set(victims)        # the others were handed back
+        assert a.used_bytes() == b.used_bytes() == sum(map(len, values)) <= 300_000
+        assert len(a) == len(b) == len(keys)
+        a.close()
+        b.put_many([(b"after", b"a closed")])
+        assert b.get_many([b"after", keys[0]]) == [b"a closed", values[0]]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_two_managers_on_one_directory_in_one_process(tmp_path):
+    # the same at the manager's level: what one checkpoints the other reads (after dropping its
+    # own clean heap copies, as across processes), and closing one leaves the other working
+    from mlcache import CacheConfig, CacheManager, HeapConfig
+
+    cfg = CacheConfig(heap=HeapConfig(max_entries=10), levels=(DiskConfig(path=str(tmp_path / "d")),))
+    first, second = CacheManager(cfg), CacheManager(cfg)
+    try:
+        for i in range(100):
+            first.put(("first", i), "x" * i)
+            second.put(("second", i), "y" * i)
+        first.checkpoint()
+        second.checkpoint()
+        first.invalidate_local()
+        second.invalidate_local()
+        assert all(first.get(("second", i)) == "y" * i for i in range(100))
+        assert all(second.get(("first", i)) == "x" * i for i in range(100))
+        first.close()
+        second.put("late", 1)
+        second.checkpoint()
+        assert second.get(("first", 99)) == "x" * 99
+    finally:
+        first.close()
+        second.close()
+    third = CacheManager(cfg)
+    try:
+        assert third.get("late") == 1 and third.get(("second", 5)) == "y" * 5
+    finally:
+        third.close()
