@@ -228,3 +228,27 @@ def test_a_csv_weight_that_is_not_a_positive_integer_is_a_bad_line(tmp_path, wei
     with pytest.raises(TraceFormatError) as err:
         read_trace(f"csv:{path}")
     assert (err.value.path, err.value.line) == (path, 2)
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("lirs", "1000\n1_000\n"),
+    ("lirs", "3\n\u0663\n"),                  # ARABIC-INDIC DIGIT THREE
+    ("arc", "1 2 0 0\n1_0 2 0 0\n"),
+    ("csv", "a,1.0,2\nb,1_0.5\n"),
+    ("csv", "a,1.0,2\nb,2.0,1_0\n"),
+])
+def test_digit_separators_and_non_ascii_digits_are_bad_lines(tmp_path, fmt, text):
+    # regression: int() and float() read "1_000" as 1000 and "\u0663" as 3, so distinct tokens
+    # of a trace became one key (or one time) without a word
+    path = _write(tmp_path / f"t.{fmt}", text)
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(f"{fmt}:{path}")
+    assert (err.value.path, err.value.line) == (path, 2)
+
+
+def test_keys_of_non_ascii_digits_stay_strings_and_csv_keys_are_free_text(tmp_path):
+    path = _write(tmp_path / "k.txt", "3\n\u0663\n1_000\n")
+    assert read_trace(f"keys:{path}").keys == [3, "\u0663", "1_000"]
+    csv_path = _write(tmp_path / "k.csv", "user_1,1.0\ncaf\u00e9,2.0,3\n")
+    t = read_trace(f"csv:{csv_path}")
+    assert t.keys == ["user_1", "caf\u00e9"] and t.ts == [1.0, 2.0] and t.weights == [1, 3]

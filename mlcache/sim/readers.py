@@ -14,8 +14,8 @@ Formats (``FORMAT:PATH`` on the command line):
   an allocation that exhausts memory.
 * ``lirs`` — LIRS traces (Jiang & Zhang): one integer key per line; lines of ``*`` are markers
   and are ignored, as are blank lines.
-* ``keys`` — one key per line, taken verbatim as a string (an all-digit key becomes an int, so a
-  ``keys`` file and a ``lirs`` file of integers give the same trace).
+* ``keys`` — one key per line, taken verbatim as a string (a key of ASCII digits becomes an int,
+  so a ``keys`` file and a ``lirs`` file of integers give the same trace).
 * ``csv`` — ``key[,ts][,weight]`` per line; an optional header line whose second field is not a
   number is skipped; ``ts`` is a finite float (event time), ``weight`` a positive integer.
 
@@ -92,8 +92,15 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _plain(text: str) -> bool:
+    """No digit separators and nothing but ASCII: int() and float() read "1_000" as 1000 and
+    "٣" as 3, which merged distinct tokens of a trace into one key (or one time). (Inlined in
+    the ARC and LIRS loops.)"""
+    return "_" not in text and text.isascii()
+
+
 def _int_key(text: str) -> Hashable:
-    if text.isdigit():
+    if text.isdigit() and text.isascii():
         try:
             return int(text)
         except ValueError:
@@ -141,7 +148,7 @@ def _read_arc(path: str, lines: _Lines, out: list) -> None:
                 continue
             try:
                 start, count = int(parts[0]), int(parts[1])
-                if count < 0 or len(parts) > 4:
+                if count < 0 or len(parts) > 4 or "_" in line or not line.isascii():
                     raise ValueError
             except (ValueError, IndexError):
                 lines.bad(lineno, line.strip(), "expected 'start count [x x]' integers")
@@ -164,6 +171,8 @@ def _read_lirs(path: str, lines: _Lines, out: list) -> None:
             if not text or text == "*":
                 continue
             try:
+                if "_" in text or not text.isascii():    # (see _plain)
+                    raise ValueError
                 append(int(text))
             except ValueError:
                 lines.bad(lineno, text, "expected one integer key per line")
@@ -195,7 +204,8 @@ def _read_csv(path: str, lines: _Lines, keys: list, ts: list, weights: list) -> 
             try:
                 t = float(parts[1]) if len(parts) > 1 and parts[1] else None
                 w = int(parts[2]) if len(parts) > 2 and parts[2] else None
-                if (w is not None and w <= 0) or (t is not None and not math.isfinite(t)):
+                if (w is not None and w <= 0) or (t is not None and not math.isfinite(t)) \
+                        or not _plain(",".join(parts[1:])):
                     raise ValueError    # (NaN and inf times were taken as event times)
             except ValueError:
                 if lineno == 1 and not keys and len(parts) > 1 and not _is_number(parts[1]):
