@@ -34,7 +34,8 @@ import diskcache
 from diskcache.core import DBNAME, MODE_RAW, UNKNOWN
 
 from ..config import DiskConfig
-from ..errors import CacheError, CapacityError, ConfigError, LevelUnavailableError
+from ..errors import (CacheError, CapacityError, ConfigError, IntegrityError,
+                      LevelUnavailableError)
 from ._fit import batch_delta, capacity_error, plan_fit
 from .base import Victims
 
@@ -429,7 +430,11 @@ class DiskLevel:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def _fetch_rows(self, shard: diskcache.Cache, keys: Sequence[bytes]) -> dict[bytes, bytes]:
+    def _fetch_rows(self, shard: diskcache.Cache, keys: Sequence[bytes],
+                    lost_is_error: bool = True) -> dict[bytes, bytes]:
+        """The stored values of ``keys``. A value file that is gone while its row still names it
+        raises :class:`IntegrityError` (unless ``lost_is_error`` is false: a victim being
+        evicted); it was reported as a miss, and the key's value silently started afresh."""
         found: dict[bytes, bytes] = {}
         for chunk in _chunks(keys):
             if len(chunk) == 1:
@@ -444,9 +449,15 @@ class DiskLevel:
                 try:
                     data = shard.disk.fetch(mode, filename, value, False)
                 except FileNotFoundError:
-                    # Replaced by another process between the SELECT and the read.
+                    # Replaced by another process between the SELECT and the read, or lost.
                     data = shard.get(bytes(key), default=None, retry=True)
                     if data is None:
+                        if lost_is_error and shard._sql("SELECT 1 FROM Cache WHERE filename = ?",
+                                                        (filename,)).fetchone():
+                            raise IntegrityError(
+                                f"disk level at {self.path}: the value file {filename} of key "
+                                f"{bytes(key)!r} is missing (removed behind the level's back?); "
+                                f"delete or overwrite the key", level=self.name)
                         continue
                 found[bytes(key)] = data
         return found
@@ -529,7 +540,7 @@ class DiskLevel:
     def _read_locked(self, keys: list[bytes]) -> dict[bytes, bytes]:
         out: dict[bytes, bytes] = {}
         for index, group in self._group(keys).items():
-            out.update(self._fetch_rows(self._shards[index], group))
+            out.update(self._fetch_rows(self._shards[index], group, lost_is_error=False))
         return out
 
     def _sizes(self, keys: list[bytes]) -> dict[bytes, int]:
