@@ -193,9 +193,35 @@ class BatchReads:
                     if not was_used:
                         self._landed[kb] = t0
             self.counters["prefetched"] += len(loaded)
-            self._buffer.done(keys)          # after _landed: see note_use's fast path
+            later = self._finish(keys)       # after _landed: see note_use's fast path
+        if later:
+            self._hint_later(m, later)
         if now - self._last_sweep > _SWEEP_INTERVAL:
             self._sweep(m)
+
+    def _finish(self, keys: list[bytes]) -> list[tuple[bytes, float]]:
+        """Lock held: the batch's keys leave in-flight. Returns those hinted again for a later
+        time while they were read (the buffer kept the latest ts; the batch carried the ts
+        they were taken with), for :meth:`_hint_later`; a staged read takes its time here."""
+        later = self._buffer.done(keys)
+        if not later:
+            return later
+        staged = self._staged
+        out = []
+        for kb, ts in later:
+            entry = staged.get(kb)
+            if entry is None:
+                out.append((kb, ts))
+            elif ts > entry[1]:
+                staged[kb] = (entry[0], ts, entry[2], entry[3])
+        return out
+
+    def _hint_later(self, m: Any, later: list[tuple[bytes, float]]) -> None:
+        """Tell the policy of the later uses :meth:`_finish` found (a key a fetch put in the
+        heap with the ts of its batch; the policy ignores keys that are not resident)."""
+        if m is not None and self._policy_hints:
+            for kb, ts in later:
+                m._policy_hint(kb, ts)
 
     def _sweep(self, m: Any = None) -> None:
         """Count prefetched keys that left the heap unused as wasted."""

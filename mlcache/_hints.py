@@ -33,6 +33,9 @@ class HintBuffer:
     def __init__(self) -> None:
         self.pending: dict[bytes, tuple[float, float, float]] = {}
         self.inflight: dict[bytes, tuple[float, float, float]] = {}
+        # in-flight keys hinted again for a later time: the batch reading them carries the ts
+        # they were taken with, and :meth:`done` hands the later one back
+        self.later: set[bytes] = set()
 
     def add(self, kb: bytes, ts: float, now: float) -> str:
         """Record a hint; returns ``"new"``, ``"updated"`` or ``"inflight"``."""
@@ -40,6 +43,7 @@ class HintBuffer:
         if cur is not None:
             if ts > cur[0]:
                 self.inflight[kb] = (ts, cur[1], cur[2])
+                self.later.add(kb)
             return "inflight"
         cur = self.pending.get(kb)
         if cur is not None:
@@ -77,9 +81,23 @@ class HintBuffer:
             batch.append((kb, ts, t0))
         return batch, late
 
-    def done(self, keys: list[bytes]) -> None:
+    def done(self, keys: list[bytes]) -> list[tuple[bytes, float]]:
+        """The keys' reads are over: they leave in-flight. Returns ``(key, ts)`` for those
+        hinted again for a later time while they were read (usually none)."""
+        inflight = self.inflight
+        later = self.later
+        if not later:
+            for kb in keys:
+                inflight.pop(kb, None)
+            return []
+        out = []
         for kb in keys:
-            self.inflight.pop(kb, None)
+            cur = inflight.pop(kb, None)
+            if kb in later:
+                later.discard(kb)
+                if cur is not None:
+                    out.append((kb, cur[0]))
+        return out
 
     def state(self, kb: bytes) -> tuple[str, tuple[float, float, float]] | None:
         cur = self.pending.get(kb)
@@ -96,6 +114,7 @@ class HintBuffer:
     def clear(self) -> None:
         self.pending.clear()
         self.inflight.clear()
+        self.later.clear()
 
 
 class HotKeyFilter:

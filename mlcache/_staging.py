@@ -58,6 +58,8 @@ class StagedReads:
     _consumers: weakref.WeakSet[Any]
     _thread_batches: int
     _thread_idle: Callable[[], bool]
+    _finish: Callable[[list[bytes]], list[tuple[bytes, float]]]
+    _hint_later: Callable[[Any, list[tuple[bytes, float]]], None]
 
     def attach(self, operator: Any) -> None:
         """A lookahead operator will install staged reads and may read batches itself."""
@@ -167,7 +169,9 @@ class StagedReads:
                     self._failed[kb] = error
             for kb in keys:
                 self._used_inflight.discard(kb)
-            self._buffer.done(keys)          # after staging: see note_use's fast path
+            later = self._finish(keys)       # after staging: see note_use's fast path
+        if later:
+            self._hint_later(m, later)
 
     def _install_loaded(self, m: Any, loaded: dict, meta: dict) -> None:
         """Account keys a fetch put in the heap directly (eviction-buffer rescues)."""

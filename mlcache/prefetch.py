@@ -327,6 +327,12 @@ class Prefetcher(BatchReads, StagedReads):
                 return "late"
             if kb in buf.pending or kb in buf.inflight:
                 state = buf.add(kb, ts, 0.0)
+            elif self._staged and kb in self._staged:
+                # read already, waiting to be installed: it is installed with this later time
+                entry = self._staged[kb]
+                if ts > entry[1]:
+                    self._staged[kb] = (entry[0], ts, entry[2], entry[3])
+                return "queued"
             else:
                 buf.pending[kb] = (ts, time.perf_counter(), ts)   # HintBuffer.add, inlined
                 state = "new"

@@ -822,3 +822,43 @@ def test_an_error_of_the_input_comes_after_the_records_read_before_it(tmp_path):
             for r in prefetching(records(), key=lambda r: r, cache=m, depth=16):
                 seen.append(m.get(r))
         assert seen == list(range(50))
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_a_hint_while_the_key_is_in_flight_keeps_the_latest_time(tmp_path, staged):
+    # The hint buffer keeps one entry per key with its latest ts, in flight too; but the key was
+    # installed (and TAC told) with the ts of the batch it was taken in, so a later record's
+    # hint that came during the read was lost, and TAC ordered the entry by the earlier use.
+    delay = Delay(0.0)
+    cfg = _disk_config(tmp_path, delay, entries=100, policy="tac", hot_threshold=16,
+                       fetch_mode="threads")
+    _fill(cfg, [("k", 1), ("j", 2)])
+    reading, release = threading.Event(), threading.Event()
+
+    def hold(keys):
+        if threading.current_thread().name.startswith("mlcache-prefetch"):
+            reading.set()
+            release.wait(30)
+        return False
+
+    with CacheManager(cfg) as m:
+        p = m._get_prefetcher()
+        op = _Operator()
+        if staged:
+            p.attach(op)
+        kb = m._encode_key("k")
+        delay.fail = hold
+        m.hint("k", 10.0)
+        assert reading.wait(30)
+        m.hint("k", 1000.0)               # a later record's hint, while the read runs
+        assert p._buffer.inflight[kb][0] == 1000.0
+        release.set()
+        _wait_idle(p)
+        if staged:
+            assert kb in p._staged
+            m.hint("k", 2000.0)           # read already, waiting to be installed
+            _wait_idle(p)
+            assert p.install(100) == 1
+        assert m._heap.policy.timestamp(kb) == (2000.0 if staged else 1000.0)
+        if staged:
+            p.detach(op)
