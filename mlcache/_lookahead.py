@@ -40,7 +40,7 @@ import numbers
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import CacheError, LevelUnavailableError
+from .errors import CacheError, IntegrityError, LevelUnavailableError
 
 __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
 
@@ -351,7 +351,11 @@ class Lookahead(Iterator[Any]):
             with pf.demand():
                 self._m._load_into_heap([kb])
         except Exception as exc:
-            err = LevelUnavailableError(
+            # Corrupt stored bytes stay an IntegrityError (not retryable), as a get raises it
+            # and as it comes when the fetch threads read: a LevelUnavailableError here told
+            # the caller to retry a read that can only fail again.
+            cls = IntegrityError if isinstance(exc, IntegrityError) else LevelUnavailableError
+            err = cls(
                 f"record {index}: the prefetch failed ({prefetch_error!r}) and the demand fetch "
                 f"failed too ({exc!r})", level=getattr(exc, "level", None), key=kb)
             err.prefetch_error = prefetch_error  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ import pytest
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
 from mlcache.bench._delayed import Delay, DelayedLevelConfig
-from mlcache.errors import LevelUnavailableError
+from mlcache.errors import IntegrityError, LevelUnavailableError
 from mlcache.prefetch import Prefetcher, RecordKeyError, prefetching
 
 
@@ -862,3 +862,21 @@ def test_a_hint_while_the_key_is_in_flight_keeps_the_latest_time(tmp_path, stage
         assert m._heap.policy.timestamp(kb) == (2000.0 if staged else 1000.0)
         if staged:
             p.detach(op)
+
+
+@pytest.mark.parametrize("mode", ["threads", "inline"])
+def test_corrupt_bytes_read_by_a_prefetch_raise_integrity_error(tmp_path, mode):
+    # The inline operator's fallback wrapped every demand failure in a LevelUnavailableError
+    # (retryable), so corrupt stored bytes told the caller to retry a read that can only fail
+    # again; a get, or the fetch threads, raise IntegrityError for them.
+    cfg = _disk_config(tmp_path, None, entries=100, hot_threshold=16, fetch_mode=mode)
+    _fill(cfg, [(i, i) for i in range(50)])
+    with CacheManager(cfg) as m:
+        m._levels[0].put_many([(m._encode_key(20), b"\x01\xc1")])   # 0xc1: never msgpack
+    with CacheManager(cfg) as m:
+        got = []
+        with pytest.raises(IntegrityError, match="key 20") as info:
+            for r in prefetching(range(50), key=lambda r: r, cache=m, depth=8):
+                got.append(m.get(r))
+        assert not info.value.retryable
+        assert got == list(range(20))
