@@ -358,8 +358,8 @@ class Lookahead(Iterator[Any]):
             err = cls(
                 f"record {index}: the prefetch failed ({prefetch_error!r}) and the demand fetch "
                 f"failed too ({exc!r})", level=getattr(exc, "level", None), key=kb)
-            err.prefetch_error = prefetch_error  # type: ignore[attr-defined]
-            err.index = index  # type: ignore[attr-defined]
+            err.prefetch_error = prefetch_error  # type: ignore[union-attr]
+            err.index = index  # type: ignore[union-attr]
             raise err from exc
 
     def close(self) -> None:
