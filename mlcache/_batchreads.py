@@ -21,6 +21,7 @@ again. After the batches, a periodic sweep counts prefetched keys evicted unused
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -70,6 +71,7 @@ class BatchReads:
     _backlog: deque[int]
     _staged: dict[bytes, tuple[bytes, float, float, int]]
     _staged_bytes: int
+    _staged_later: dict[bytes, float]
     _consumers: weakref.WeakSet[Any]
     _wait_s: float | None
     _cpu_s: float | None
@@ -209,12 +211,16 @@ class BatchReads:
         staged = self._staged
         out = []
         for kb, ts in later:
-            entry = staged.get(kb)
-            if entry is None:
+            if kb in staged:
+                self._stage_later(kb, ts)
+            else:
                 out.append((kb, ts))
-            elif ts > entry[1]:
-                staged[kb] = (entry[0], ts, entry[2], entry[3])
         return out
+
+    def _stage_later(self, kb: bytes, ts: float) -> None:
+        """Lock held: the staged read of ``kb`` is installed with the later time ``ts``."""
+        if ts > self._staged[kb][1] and ts > self._staged_later.get(kb, -math.inf):
+            self._staged_later[kb] = ts
 
     def _hint_later(self, m: Any, later: list[tuple[bytes, float]]) -> None:
         """Tell the policy of the later uses :meth:`_finish` found (a key a fetch put in the

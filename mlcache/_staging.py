@@ -55,6 +55,8 @@ class StagedReads:
     _used_inflight: set[bytes]
     _staged: dict[bytes, tuple[bytes, float, float, int]]
     _staged_bytes: int
+    _staged_later: dict[bytes, float]
+    _stage_later: Callable[[bytes, float], None]
     _consumers: weakref.WeakSet[Any]
     _thread_batches: int
     _thread_idle: Callable[[], bool]
@@ -74,6 +76,7 @@ class StagedReads:
                 return
             self.counters["staged_dropped"] += len(self._staged)
             self._staged.clear()
+            self._staged_later.clear()
             self._staged_bytes = 0
             self._cond.notify_all()
 
@@ -208,9 +211,12 @@ class StagedReads:
             else:
                 chosen = heapq.nsmallest(limit, staged, key=lambda kb: staged[kb][1])
             items = []
+            later = self._staged_later
             for kb in chosen:
                 raw, ts, t0, seq = staged.pop(kb)
                 self._staged_bytes -= len(raw)
+                if later and kb in later:
+                    ts = later.pop(kb)     # hinted again for a later use: the policy's time
                 items.append((kb, raw, ts, t0, seq))
             if full:
                 self._cond.notify_all()
@@ -225,7 +231,9 @@ class StagedReads:
                 entry = self._staged.pop(kb, None)
                 if entry is not None:
                     self._staged_bytes -= len(entry[0])
-                    items.append((kb, *entry))
+                    raw, ts, t0, seq = entry
+                    ts = self._staged_later.pop(kb, ts)
+                    items.append((kb, raw, ts, t0, seq))
         m = self._mref()
         return self._install_entries(m, items, used=True) if items and m is not None else 0
 
@@ -296,6 +304,7 @@ class StagedReads:
             gone = [kb for kb in self._staged if kb.startswith(prefix)]
             for kb in gone:
                 self._staged_bytes -= len(self._staged.pop(kb)[0])
+                self._staged_later.pop(kb, None)
             self.counters["staged_dropped"] += len(gone)
             self._cond.notify_all()
         return len(gone)

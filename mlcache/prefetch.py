@@ -204,6 +204,9 @@ class Prefetcher(BatchReads, StagedReads):
         # lookahead operators attached (``attach``) install them from their own thread.
         self._staged: dict[bytes, tuple[bytes, float, float, int]] = {}
         self._staged_bytes = 0
+        # staged keys hinted again for a later time: installs are ordered by a staged read's
+        # first expected use (its own ts), and the policy is told the latest one
+        self._staged_later: dict[bytes, float] = {}
         self._consumers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         # Where batches are read: by an attached operator itself ("inline": the reads do not
         # wait, so a thread would only contend for the GIL) or by the fetch threads.
@@ -229,6 +232,7 @@ class Prefetcher(BatchReads, StagedReads):
             self._closed = True
             self._buffer.pending.clear()
             self._staged.clear()
+            self._staged_later.clear()
             self._staged_bytes = 0
             self._cond.notify_all()
         me = threading.current_thread()
@@ -328,10 +332,8 @@ class Prefetcher(BatchReads, StagedReads):
             if kb in buf.pending or kb in buf.inflight:
                 state = buf.add(kb, ts, 0.0)
             elif self._staged and kb in self._staged:
-                # read already, waiting to be installed: it is installed with this later time
-                entry = self._staged[kb]
-                if ts > entry[1]:
-                    self._staged[kb] = (entry[0], ts, entry[2], entry[3])
+                # read already, waiting to be installed: the policy is told this later time
+                self._stage_later(kb, ts)
                 return "queued"
             else:
                 buf.pending[kb] = (ts, time.perf_counter(), ts)   # HintBuffer.add, inlined

@@ -858,6 +858,7 @@ def test_a_hint_while_the_key_is_in_flight_keeps_the_latest_time(tmp_path, stage
             assert kb in p._staged
             m.hint("k", 2000.0)           # read already, waiting to be installed
             _wait_idle(p)
+            assert p._staged[kb][1] == 10.0   # installs still go by the first expected use
             assert p.install(100) == 1
         assert m._heap.policy.timestamp(kb) == (2000.0 if staged else 1000.0)
         if staged:
