@@ -32,6 +32,8 @@ References: Cormode & Muthukrishnan, "An improved data stream summary: the count
 """
 from __future__ import annotations
 
+import collections
+import marshal
 import random
 import struct
 from itertools import repeat
@@ -60,11 +62,12 @@ def _xxround(acc: np.ndarray, lane_p2: np.ndarray | np.uint64) -> np.ndarray:
 
 def _tuple_hash2(h: np.ndarray, seed: int) -> np.ndarray:
     """``hash((x, seed))`` for every ``x`` whose ``hash(x)`` is in ``h`` (int64)."""
-    acc = _xxround(np.full(len(h), _XXP5, dtype=np.uint64), h.view(np.uint64) * _XXP2)
+    acc = _xxround(h.view(np.uint64) * _XXP2, _XXP5)  # (P5 + lane * P2, without a filled array)
     acc = _xxround(acc, np.uint64((hash(seed) * int(_XXP2)) & 0xFFFFFFFFFFFFFFFF))
     acc += _LEN2
     out = acc.view(np.int64)
-    out[out == -1] = 1546275796  # -1 is never a hash
+    if (out == -1).any():  # (a boolean assignment costs more than this test, even when empty)
+        out[out == -1] = 1546275796  # -1 is never a hash
     return out
 
 
@@ -84,6 +87,57 @@ def _tuple_hash_matches() -> bool:
 
 
 _NP_TUPLE_HASH = _tuple_hash_matches()
+
+
+# A drain's keys are usually ints, and reading them one by one (``hash`` per key through ``map``,
+# then numpy's per-item conversion) was most of its cost. ``marshal.dumps(d, 2)`` walks the dict
+# in C and writes each int of 32 bits as b"i" and 4 little-endian bytes (format version 2 has no
+# back-references), a fixed stride numpy reads back in one pass. Anything else is written another
+# way or refused: a bool, a larger int, a float, a str, and an int subclass (whose hash may not
+# be its value's). So when the 2n type bytes are all b"i", every key and count is a
+# plain int, and a plain int of 32 bits is its own hash, except hash(-1) == -2.
+def _int_items(counts: dict, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The keys' hashes and the counts (int64) of a dict whose keys and values are all plain
+    ``int`` of 32 bits, read from its marshal bytes; None for any other dict."""
+    try:
+        data = marshal.dumps(counts, 2)
+    except ValueError:  # an unmarshallable key (or a dict subclass)
+        return None
+    # b"{", a key and its count per item, b"0": with every type byte b"i" each object is 5 bytes,
+    # so the 2n type bytes are every fifth byte from the second (checked in that order, each
+    # b"i" proves where the next object starts) and the length is exact.
+    if len(data) != 10 * n + 2 or data[1:-1:5] != b"i" * (2 * n):
+        return None
+    pairs = np.ndarray((n, 2), dtype="<i4", buffer=data, offset=2, strides=(10, 5))
+    hashes = pairs[:, 0].astype(np.int64)
+    if (hashes == -1).any():
+        hashes[hashes == -1] = -2
+    return hashes, pairs[:, 1].astype(np.int64)
+
+
+def _int_items_match() -> bool:
+    """Does :func:`_int_items` read this interpreter's marshal bytes right, and refuse what it
+    must? (If marshal's format ever changes, drains take the ``hash``-per-key path.)"""
+
+    class Int(int):
+        pass
+
+    try:
+        d = {0: 1, -1: 15, 2**31 - 1: 300, -(2**31): 2**31 - 1, 77: 65536, -2: 2}
+        items = _int_items(d, len(d))
+        if items is None or items[0].tolist() != [hash(k) for k in d]:
+            return False
+        if items[1].tolist() != list(d.values()):
+            return False
+        refused: list[dict] = [{True: 1}, {2**31: 1}, {1: 2**31}, {-(2**31) - 1: 1},
+                               {Int(3): 1}, {1: 1.0}, {1: 1, "a": 1}, {(1, 2): 1},
+                               collections.Counter([1])]
+        return all(_int_items(x, len(x)) is None for x in refused)
+    except Exception:  # anything unforeseen: the slow path
+        return False
+
+
+_MARSHAL_INTS = _NP_TUPLE_HASH and _int_items_match()
 
 
 def _pow2_at_least(n: int) -> int:
@@ -132,7 +186,7 @@ class FrequencySketch:
         self._offsets = np.array([0, 1, 2 * w, 2 * w + 1], dtype=np.int64).reshape(self.depth, 1)
         # The dense drain's split index instead: the low nibbles of all bytes, then the high
         # ones (counter i of row r: i + _split[r]), so its passes are contiguous, not strided.
-        self._split = np.array([0, 2 * w, w, 3 * w], dtype=np.int64).reshape(self.depth, 1)
+        self._split = [0, 2 * w, w, 3 * w]
         self._steps = np.arange(self.depth, dtype=np.int64).reshape(self.depth, 1)
 
     @property
@@ -198,13 +252,21 @@ class FrequencySketch:
     def increment_counts(self, counts: dict[Hashable, int]) -> None:
         """Count ``counts[x]`` more uses of each key ``x``, saturating at 15.
 
-        The buffered form callers use (a dict of exact pending counts): the keys' hashes go
-        through ``np.fromiter`` and are mixed in numpy, the counts go through ``struct``: no
-        intermediate lists (building numpy arrays from Python lists was most of a drain's cost).
+        The buffered form callers use (a dict of exact pending counts). Int keys and counts are
+        read from the dict's ``marshal`` bytes (see :func:`_int_items`); other keys' hashes go
+        through ``np.fromiter`` and their counts through ``struct``: no intermediate lists
+        (building numpy arrays from Python lists was most of a drain's cost). Either way the
+        hashes are mixed with the seed in numpy.
         """
         n = len(counts)
         if not n:
             return
+        # (The first key's type spares a dict of, say, str keys a marshal pass only to refuse it.)
+        if _MARSHAL_INTS and type(next(iter(counts))) is int:
+            items = _int_items(counts, n)
+            if items is not None:
+                self._apply(_tuple_hash2(items[0], self._seed), items[1])
+                return
         if _NP_TUPLE_HASH:  # the same mixed hashes, vectorised (2x faster than tuples)
             mixed = _tuple_hash2(np.fromiter(map(hash, counts), np.int64, n), self._seed)
         else:
@@ -231,15 +293,16 @@ class FrequencySketch:
         np.minimum(c, 15, out=c)
         n = len(m)
         mask = self.mask
-        # Row r's counter is (m + r*b) mod width, computed row by row in place (no (4, n)
-        # temporaries of 64-bit products), then made an index into the nibbles (see _allocate).
+        # Row r's counter is (m + r*b) mod width: running sums of b from row 0 (no (4, n)
+        # temporaries of 64-bit products; |b| < 2**31, so no sum wraps), masked in one pass at
+        # the end, then made an index into the nibbles (see _allocate).
         idx: np.ndarray = np.empty((self.depth, n), dtype=np.intp)
         np.bitwise_and(m, mask, out=idx[0])
-        b = ((m >> 32) | 1) & mask
+        b = (m >> 32) | 1
         for r in range(1, self.depth):
-            row = idx[r]
-            np.add(idx[r - 1], b, out=row)
-            np.bitwise_and(row, mask, out=row)
+            np.add(idx[r - 1], b, out=idx[r])
+        rows = idx[1:]
+        np.bitwise_and(rows, mask, out=rows)
         table = self._np
         size = 2 * len(table)
         if size <= 16 * self.depth * n:
@@ -249,7 +312,10 @@ class FrequencySketch:
             # packed back with whole-array operations, on the split layout (all low nibbles,
             # then all high ones: contiguous passes, where interleaved nibbles made them
             # strided).
-            idx += self._split
+            # (A row at a time: numpy's broadcast add of a (4, 1) column took 4x as many
+            # instructions.)
+            for r in range(1, self.depth):
+                idx[r] += self._split[r]
             idx = idx.ravel()
             half = len(table)
             # Counters are unpacked into a wider scratch array and add.at adds straight into
@@ -261,15 +327,28 @@ class FrequencySketch:
             nib = np.empty(size, dtype=wide)
             np.bitwise_and(table, 15, out=nib[:half])
             np.right_shift(table, 4, out=nib[half:])
-            # (np.take, not nib[idx]: fancy indexing goes through numpy's generic MapIter.)
-            live = nib.take(idx).reshape(self.depth, n).min(axis=0) < 15  # saturated: no add
+            if nib.max() < 15:
+                # No counter is saturated, as after a halving (on the Zipf bench every drain
+                # of W-TinyLFU's follows one): every key counts, and the gather below (~190,000
+                # instructions for ~3,700 keys) is not needed.
+                live = None
+            else:
+                # (np.take, not nib[idx]: fancy indexing goes through numpy's generic MapIter.)
+                live = nib.take(idx).reshape(self.depth, n).min(axis=0) < 15  # saturated: no add
             inc = np.empty((self.depth, n), dtype=wide)  # c, once per row
-            inc[:] = c  # (broadcast: np.tile is Python code, a few us per call)
+            # (broadcast: np.tile is Python code, a few us per call; c narrowed first, as a
+            # broadcast that also casts takes 4x the instructions)
+            inc[:] = c.astype(wide)
             np.add.at(nib, idx, inc.ravel())
-            np.minimum(nib, 15, out=nib)
+            # Against an array of 15s: numpy's minimum with a scalar is a plain loop (~8
+            # instructions a counter), with two arrays a SIMD one (~1). Made per drain: kept,
+            # it would take 4x the table's memory.
+            fifteen = np.empty(size, dtype=wide)
+            fifteen.fill(15)
+            np.minimum(nib, fifteen, out=nib)
             hi = np.left_shift(nib[half:], 4, out=nib[half:])
             np.bitwise_or(nib[:half], hi, out=table, casting="unsafe")  # <= 0xFF: fits
-            total = int(c[live].sum())
+            total = int(c.sum() if live is None else c[live].sum())
         else:
             idx <<= 1  # the flat nibble index (see _allocate)
             idx += self._offsets

@@ -152,3 +152,92 @@ def test_batched_drain_counts_as_key_by_key():
         for k in keys:
             one.increment_counts({k: count})
         assert bytes(one.table) == runs[0][0]
+
+
+@pytest.mark.parametrize("capacity", [64, 1000, 50_000])  # dense (two sizes) and sparse passes
+def test_int_keys_drain_like_any_key(capacity, monkeypatch):
+    # Drains of plain int keys are read from the dict's marshal bytes: the same counters and
+    # additions as hashing key by key, for the ints that hash specially (-1) or sit at the
+    # edges of 32 bits, counts past 15 and past uint16, and a halving on the way.
+    class Red(int):  # an int whose hash is not its value's: must not count as its value
+        def __hash__(self):
+            return hash("red")
+
+    import mlcache.sketch as sketch_module
+    from mlcache.sketch import _MARSHAL_INTS, _int_items
+
+    rng = random.Random(capacity)
+    ints = {k: rng.choice([1, 1, 2, 15, 16, 300, 70_000]) for k in
+            [0, 1, -1, -2, 2**31 - 1, -(2**31)] + rng.sample(range(-(2**31), 2**31), 3 * capacity)}
+    batches = [
+        ints,  # all ints of 32 bits: the marshal read
+        {rng.randrange(4 * capacity): 1 for _ in range(capacity)},  # the same
+        {-1: 20, 3: 1},  # the same
+        {**ints, 2**31: 2, -(2**31) - 1: 3, 2**61 - 1: 4, -(2**63): 5},  # larger ints
+        {7: 3, Red(1): 5, True: 2, 2.0: 1, "s": 4, (1, 2): 1},  # int first, then others
+    ]
+    if _MARSHAL_INTS:
+        assert [_int_items(b, len(b)) is not None for b in batches] == [1, 1, 1, 0, 0]
+    fast = FrequencySketch(capacity, seed=5, sample_factor=1)
+    slow = FrequencySketch(capacity, seed=5, sample_factor=1)
+    for batch in batches:
+        fast.increment_counts(dict(batch))
+        with monkeypatch.context() as patch:  # the hash-per-key path
+            patch.setattr(sketch_module, "_MARSHAL_INTS", False)
+            slow.increment_counts(dict(batch))
+        assert (bytes(fast.table), fast.additions, fast.resets) == (
+            bytes(slow.table), slow.additions, slow.resets)
+    assert fast.resets > 0
+    fresh = FrequencySketch(capacity, seed=5)
+    fresh.increment_counts({3: 1, Red(1): 6})
+    assert fresh.frequency_of_mixed(fresh.mix(Red(1))) >= 6  # counted under its own hash...
+    assert fresh.frequency_of_mixed(fresh.mix(1)) == 0  # ...not its value's
+
+
+def test_int_items_reads_only_plain_ints_of_32_bits():
+    from mlcache.sketch import _MARSHAL_INTS, _int_items
+
+    if not _MARSHAL_INTS:
+        pytest.skip("this interpreter's marshal bytes are not read")
+    d = {5: 1, -1: 2, -(2**31): 300, 2**31 - 1: 2**31 - 1}
+    hashes, counts = _int_items(d, len(d))
+    assert hashes.tolist() == [hash(k) for k in d] == [5, -2, -(2**31), 2**31 - 1]
+    assert counts.tolist() == list(d.values())
+
+    class Int(int):
+        def __hash__(self):
+            return 12345
+
+    for other in ({Int(5): 1}, {5: True}, {5: 1, False: 1}, {2**31: 1}, {5: 2**31}, {5: 1.0},
+                  {5: 1, "5": 1}, {5: 1, b"5": 1}, {5: 1, None: 1}, collections.Counter([5])):
+        assert _int_items(other, len(other)) is None, other
+
+
+def test_drain_without_the_vectorised_tuple_hash(monkeypatch):
+    # Where numpy cannot reproduce the interpreter's tuple hash, drains build one tuple per key
+    # (and read no marshal bytes): the same table.
+    import mlcache.sketch as sketch_module
+
+    rng = random.Random(8)
+    batch = {rng.randrange(10**6): rng.randrange(1, 40) for _ in range(500)}
+    batch.update({"a": 2, ("t", 1): 3, -1: 4})
+    want = FrequencySketch(100, seed=2)
+    want.increment_counts(dict(batch))
+    monkeypatch.setattr(sketch_module, "_NP_TUPLE_HASH", False)
+    monkeypatch.setattr(sketch_module, "_MARSHAL_INTS", False)
+    got = FrequencySketch(100, seed=2)
+    got.increment_counts(dict(batch))
+    assert bytes(got.table) == bytes(want.table) and got.additions == want.additions
+
+
+@pytest.mark.parametrize("filler", [0, 40])  # 2 keys: the sparse pass; 42: the dense one
+def test_additions_skip_keys_whose_counters_are_all_saturated(filler):
+    # A key adds to the sample only if one of its counters is below 15 before the batch (the
+    # dense pass skips that test when no counter at all is saturated).
+    s = FrequencySketch(16, seed=4, sample_factor=10**6)
+    s.increment_counts({1: 3, 2: 20, **{k: 1 for k in range(10**6, 10**6 + filler)}})
+    assert s.additions == 3 + 15 + filler  # nothing was saturated
+    assert s.frequency_of_mixed(s.mix(2)) == 15
+    cold = [k for k in range(2000, 3000) if s.frequency_of_mixed(s.mix(k)) == 0][:filler + 2]
+    s.increment_counts({2: 7, **{k: 1 for k in cold}})  # 2 is saturated: only the cold ones
+    assert len(cold) == filler + 2 and s.additions == 3 + 15 + filler + len(cold)
