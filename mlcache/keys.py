@@ -23,7 +23,14 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(_TUPLE, msgpack.packb([_norm(x) for x in obj], default=_default,
                                                      use_bin_type=True, strict_types=True))
     if type(obj) is int:
-        return msgpack.ExtType(_BIGINT, str(obj).encode("ascii"))
+        try:
+            text = str(obj)
+        except ValueError:
+            # past the interpreter's limit on int <-> decimal text (4300 digits by default):
+            # a key error like any other unsupported key, not a stray ValueError
+            raise TypeError("unsupported key: an int too large to write as decimal text "
+                            "(sys.get_int_max_str_digits())") from None
+        return msgpack.ExtType(_BIGINT, text.encode("ascii"))
     raise TypeError(f"unsupported key type: {type(obj).__name__}")
 
 
