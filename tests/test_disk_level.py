@@ -318,3 +318,57 @@ def test_a_lost_value_file_reaches_the_manager_caller(tmp_path):
         assert err.value.level == "disk"
     finally:
         m.close()
+
+
+# -- fork -----------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_during_another_thread_s_call_can_use_sync_and_close(tmp_path):
+    # regression: close() waits for the calls in progress, and a child forked while another
+    # thread was inside a call inherited that call, which would never return there: the child's
+    # close() hung. A lock held by another thread at the fork (sync's) hung the child's sync(),
+    # and closing the parent's other threads' connections in the child could wait for ever on a
+    # mutex one of them held. (The call in progress here waits on sync's lock, not inside
+    # SQLite: a fork while a thread is inside SQLite may leave SQLite's own locks taken.)
+    import multiprocessing
+    import time
+
+    level = DiskLevel(DiskConfig(path=str(tmp_path / "d"), shards=2))
+    level.put_many([(b"a", b"1")])
+    release = threading.Event()
+    others_used = threading.Barrier(2)
+
+    def holder() -> None:
+        level.get_many([b"a"])                       # a connection of this thread's
+        with level._sync_lock:
+            others_used.wait()
+            release.wait()
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=level.sync)]
+    threads[0].start()
+    others_used.wait()
+    threads[1].start()                               # waits inside the call for sync's lock
+    while len(level._calls) < 1:
+        time.sleep(0.01)
+
+    def child() -> None:
+        assert level.get_many([b"a"]) == [b"1"]
+        level.put_many([(b"c", b"x" * BIG)])
+        level.sync()
+        level.close()
+        os._exit(0)
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    try:
+        proc.start()
+        proc.join(120)                               # (a bound on a hang, not a timing)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        assert proc.exitcode == 0
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+    assert level.get_many([b"c"]) == [b"x" * BIG]
+    level.close()

@@ -28,6 +28,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Any, Iterator, Sequence
 
 import diskcache
@@ -112,8 +113,17 @@ class _Shard(diskcache.Cache):
     def __init__(self, directory: str, *args: Any, **kwargs: Any) -> None:
         self._cons: dict[threading.Thread, sqlite3.Connection] = {}
         self._cons_lock = threading.Lock()
-        self._cons_pid = os.getpid()
         super().__init__(directory, *args, **kwargs)
+
+    def _after_fork_in_child(self) -> None:
+        """Set aside the connections of the parent's other threads, for good: one of them may
+        have been inside SQLite, holding its connection's mutex, at the fork, and closing the
+        connection (or freeing it) would wait for that mutex for ever. The forking thread's own
+        is closed and reopened at its next use, as diskcache does."""
+        me = threading.current_thread()
+        _INHERITED.extend(c for t, c in self._cons.items() if t is not me)
+        self._cons = {t: c for t, c in self._cons.items() if t is me}
+        self._cons_lock = threading.Lock()
 
     @property
     def _con(self) -> sqlite3.Connection:
@@ -127,15 +137,9 @@ class _Shard(diskcache.Cache):
         pid = os.getpid()
         me = threading.current_thread()
         with self._cons_lock:
-            if self._cons_pid != pid:
-                # a forked child: the parent's connections are not to be used here
-                stale = list(self._cons.values())
-                self._cons.clear()
-                self._cons_pid = pid
-            else:
-                # those of threads that ended (and one this thread no longer reaches)
-                stale = [self._cons.pop(t) for t in list(self._cons)
-                         if t is me or not t.is_alive()]
+            # those of threads that ended, and this thread's own from before a fork
+            stale = [self._cons.pop(t) for t in list(self._cons)
+                     if t is me or not t.is_alive()]
         for old in stale:
             with contextlib.suppress(sqlite3.Error):
                 old.close()
@@ -251,6 +255,29 @@ def _check_shard_count(shards: tuple[diskcache.Cache, ...], path: str) -> None:
                                              f"open it with shards={recorded} or use another path")
 
 
+# Every open level, for the child of a fork (below), and the SQLite connections a child
+# inherited from its parent's other threads (see _Shard._after_fork_in_child).
+_LEVELS: weakref.WeakSet[DiskLevel] = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _after_fork_in_child() -> None:
+    """Only the forking thread lives on in a child: the calls other threads had in progress
+    will never return (close() waited for them forever), and a lock they held would never be
+    released (a sync() or a first call in a new thread hung)."""
+    for level in list(_LEVELS):
+        level._calls = []
+        level._idle = threading.Event()
+        level._close_lock = threading.Lock()
+        level._sync_lock = threading.Lock()
+        for shard in level._shards:
+            shard._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class DiskLevel:
     """A byte level on diskcache (one ``Cache``, or shards laid out as ``FanoutCache``'s)."""
 
@@ -294,6 +321,7 @@ class DiskLevel:
                     shard._sql("CREATE INDEX IF NOT EXISTS Cache_access_time"
                                " ON Cache (access_time)")
         self._sync_lock = threading.Lock()
+        _LEVELS.add(self)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -682,6 +710,7 @@ class DiskLevel:
             if self._closed:
                 return
             self._closed = True
+        _LEVELS.discard(self)
         while True:
             self._idle.clear()
             if not self._calls:
