@@ -255,6 +255,14 @@ class Lookahead(Iterator[Any]):
             err.__cause__ = exc
             self._queue.append((rec, None, None, i, err))
             return True
+        except Exception as exc:
+            # any other failure to encode the key (a tuple nested past the recursion limit)
+            # is this record's too: raised here, it escaped from the read-ahead, records early
+            err = RecordKeyError(f"record {i}: key= returned a key that cannot be encoded "
+                                 f"({type(k).__name__}): {exc!r}", index=i, record=rec)
+            err.__cause__ = exc
+            self._queue.append((rec, None, None, i, err))
+            return True
         if self._pf is not None and self.depth > 0:
             self._pf.hint(kb, t)
             wk = self._window_keys

@@ -881,3 +881,19 @@ def test_corrupt_bytes_read_by_a_prefetch_raise_integrity_error(tmp_path, mode):
                 got.append(m.get(r))
         assert not info.value.retryable
         assert got == list(range(20))
+
+
+def test_a_key_that_fails_to_encode_otherwise_still_names_its_record(tmp_path):
+    # Only a TypeError from encoding the key became a RecordKeyError; any other error (a tuple
+    # nested past the recursion limit: RecursionError) escaped from the read-ahead, before the
+    # records ahead of it were handed over.
+    cfg = _disk_config(tmp_path, None)
+    deep: tuple = ()
+    for _ in range(5000):
+        deep = (deep,)
+    with CacheManager(cfg) as m:
+        it = prefetching([1, 2, deep, 3], key=lambda r: r, cache=m, depth=8)
+        assert next(it) == 1 and next(it) == 2
+        with pytest.raises(RecordKeyError, match="record 2") as info:
+            next(it)
+        assert info.value.index == 2 and isinstance(info.value.__cause__, RecursionError)
