@@ -84,7 +84,7 @@ def test_a_failed_sync_keeps_the_files_it_had_not_made_durable(tmp_path, monkeyp
         level.close()
 
 
-# -- close: every thread's connection ---------------------------------------------------------------
+# -- close: every thread's connection -------------------------------------------------------------
 
 def _open_files_under(path: str) -> list[str]:
     found = []
@@ -196,7 +196,7 @@ def test_close_while_other_threads_read_and_write(tmp_path):
     assert _open_files_under(level.path) == []
 
 
-# -- one directory, several levels -----------------------------------------------------------------
+# -- one directory, several levels ----------------------------------------------------------------
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_two_levels_on_one_directory_in_one_process_share_it_exactly(tmp_path, shards):
@@ -219,7 +219,8 @@ def test_two_levels_on_one_directory_in_one_process_share_it_exactly(tmp_path, s
                 last[key] = value
                 victims.update(out)
 
-    threads = [threading.Thread(target=writer, args=(lv, tag)) for lv, tag in ((a, b"a"), (b, b"b"))]
+    threads = [threading.Thread(target=writer, args=(lv, tag))
+               for lv, tag in ((a, b"a"), (b, b"b"))]
     for t in threads:
         t.start()
     for t in threads:
@@ -245,7 +246,8 @@ def test_two_managers_on_one_directory_in_one_process(tmp_path):
     # own clean heap copies, as across processes), and closing one leaves the other working
     from mlcache import CacheConfig, CacheManager, HeapConfig
 
-    cfg = CacheConfig(heap=HeapConfig(max_entries=10), levels=(DiskConfig(path=str(tmp_path / "d")),))
+    cfg = CacheConfig(heap=HeapConfig(max_entries=10),
+                      levels=(DiskConfig(path=str(tmp_path / "d")),))
     first, second = CacheManager(cfg), CacheManager(cfg)
     try:
         for i in range(100):
@@ -271,7 +273,7 @@ def test_two_managers_on_one_directory_in_one_process(tmp_path):
         third.close()
 
 
-# -- a value file lost behind the level's back -------------------------------------------------------
+# -- a value file lost behind the level's back ----------------------------------------------------
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_a_lost_value_file_is_an_integrity_error_not_a_miss(tmp_path, shards):
@@ -306,7 +308,8 @@ def test_a_lost_value_file_reaches_the_manager_caller(tmp_path):
     from mlcache import CacheConfig, CacheManager, HeapConfig
     from mlcache.errors import IntegrityError
 
-    cfg = CacheConfig(heap=HeapConfig(max_entries=10), levels=(DiskConfig(path=str(tmp_path / "d")),))
+    cfg = CacheConfig(heap=HeapConfig(max_entries=10),
+                      levels=(DiskConfig(path=str(tmp_path / "d")),))
     m = CacheManager(cfg)
     try:
         m.put("state", "z" * BIG)

@@ -190,7 +190,7 @@ def test_phase_spec_builds_a_b_a_capped_at_requests(tmp_path, capsys):
     assert rc == 0 and "a-b-a: 40 requests" in capsys.readouterr().out
 
 
-# -- hostile trace lines ----------------------------------------------------------------------------
+# -- hostile trace lines ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("count", [ARC_MAX_COUNT + 1, 100_000_000_000])
 def test_an_arc_count_too_large_is_a_bad_line_not_an_allocation(tmp_path, count):

@@ -35,8 +35,7 @@ import diskcache
 from diskcache.core import DBNAME, MODE_RAW, UNKNOWN
 
 from ..config import DiskConfig
-from ..errors import (CacheError, CapacityError, ConfigError, IntegrityError,
-                      LevelUnavailableError)
+from ..errors import CacheError, CapacityError, ConfigError, IntegrityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
 from .base import Victims
 
@@ -184,7 +183,7 @@ class _Fanout:
         shards: list[_Shard] = []
         try:
             for i in range(count):
-                shards.append(_Shard(os.path.join(path, "%03d" % i), **kwargs))
+                shards.append(_Shard(os.path.join(path, f"{i:03d}"), **kwargs))
         except BaseException:
             for shard in shards:    # (the shards opened before the failure kept connections)
                 with contextlib.suppress(sqlite3.Error):
