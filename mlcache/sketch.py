@@ -257,6 +257,11 @@ class FrequencySketch:
         through ``np.fromiter`` and their counts through ``struct``: no intermediate lists
         (building numpy arrays from Python lists was most of a drain's cost). Either way the
         hashes are mixed with the seed in numpy.
+
+        Read these keys' estimates with ``frequency_of_mixed(mix(x))``, as W-TinyLFU does:
+        :meth:`frequency` mixes ``hash(x)`` as a key in its own right (the counterpart of
+        :meth:`increment` and :meth:`increment_hashes`), which differs for keys whose hash is
+        not its own hash (most str keys: those with ``abs(hash(x)) >= 2**61 - 1``).
         """
         n = len(counts)
         if not n:
