@@ -374,7 +374,12 @@ class ReadPath:
                 if not remaining:
                     break
             t0 = time.perf_counter()
-            values = level.get_many(remaining)
+            try:
+                values = level.get_many(remaining)
+            except IntegrityError as exc:
+                if isinstance(exc.key, bytes):  # a level names the stored key: give the user's
+                    exc.key = self._describe_key(exc.key)
+                raise
             elapsed = time.perf_counter() - t0
             before = len(found)
             # batch-level comprehensions, not a Python loop with a branch per key

@@ -319,6 +319,7 @@ def test_a_lost_value_file_reaches_the_manager_caller(tmp_path):
         with pytest.raises(IntegrityError) as err:
             m.get("state")
         assert err.value.level == "disk"
+        assert err.value.key == "state"  # the caller's key, not None nor the stored bytes
     finally:
         m.close()
 

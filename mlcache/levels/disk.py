@@ -484,7 +484,8 @@ class DiskLevel:
                             raise IntegrityError(
                                 f"disk level at {self.path}: the value file {filename} of key "
                                 f"{bytes(key)!r} is missing (removed behind the level's back?); "
-                                f"delete or overwrite the key", level=self.name)
+                                f"delete or overwrite the key", level=self.name,
+                                key=bytes(key))
                         continue
                 found[bytes(key)] = data
         return found
