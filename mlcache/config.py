@@ -311,7 +311,8 @@ class CacheConfig:
 
     ``heap=None`` leaves the heap out (every access goes to the first byte level);
     ``levels`` lists the byte levels below the heap, fastest first; the last is the store of
-    record. ``namespace`` separates managers that share a Redis or a disk directory.
+    record. ``namespace`` separates managers that share a Redis or a disk directory; it may
+    not contain ``"/"``, which joins it to the names of the manager's child namespaces.
     """
 
     heap: HeapConfig | None = field(default_factory=HeapConfig)
@@ -340,6 +341,12 @@ class CacheConfig:
             raise ConfigError("levels", "a cache needs at least one level (heap or a byte level)")
         if not isinstance(self.namespace, str) or not self.namespace or "\x1f" in self.namespace:
             raise ConfigError("namespace", f"must be a non-empty string, got {self.namespace!r}")
+        if "/" in self.namespace:
+            # "/" joins the manager's namespace to a child's name (manager.namespace(name)):
+            # managers "a/b" and "a" would share keys, "a/b"'s own with "a"'s namespace("b")
+            raise ConfigError("namespace", "must not contain '/' (it separates the manager's "
+                                           "namespace from its child namespaces' names), "
+                                           f"got {self.namespace!r}")
         if isinstance(self.signing_key, str):
             object.__setattr__(self, "signing_key", self.signing_key.encode())
         if self.signing_key is not None and (

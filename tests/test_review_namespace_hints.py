@@ -1,0 +1,49 @@
+"""Review, session 7: namespaces, hints after close, deeply nested keys, huge int event times.
+
+Real managers on real disk levels in tmp dirs; no mocks.
+"""
+from __future__ import annotations
+
+import pytest
+
+from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig
+from mlcache.errors import ConfigError
+
+
+def _disk(path, **kw):
+    return CacheConfig(levels=(DiskConfig(path=str(path)),), **kw)
+
+
+# -- 1. a manager's namespace may not contain the separator of child namespaces -------------------
+
+@pytest.mark.parametrize("name", ["app/users", "/", "a/", "/a", "x/y/z"])
+def test_manager_namespace_with_slash_is_refused_naming_field_and_character(name):
+    with pytest.raises(ConfigError) as info:
+        CacheConfig(namespace=name)
+    assert info.value.field == "namespace"
+    assert "'/'" in str(info.value)
+
+
+def test_from_env_namespace_with_slash_is_refused():
+    with pytest.raises(ConfigError) as info:
+        CacheConfig.from_env({"MLCACHE_NAMESPACE": "app/users"})
+    assert info.value.field == "namespace"
+
+
+def test_manager_and_child_namespaces_on_one_directory_never_share_keys(tmp_path):
+    """"app/users" was accepted and its keys were those of namespace("users") of a manager
+    "app" on the same directory: each read the other's values."""
+    with CacheManager(_disk(tmp_path, namespace="app")) as app, \
+            CacheManager(_disk(tmp_path, namespace="app.users")) as dotted:
+        app.namespace("users").put("k", "child")
+        app.namespace("a/b").put("k", "nested child")    # a child's name may hold "/"
+        dotted.put("k", "manager")
+        app.checkpoint()
+        dotted.checkpoint()
+    with CacheManager(_disk(tmp_path, namespace="app")) as app, \
+            CacheManager(_disk(tmp_path, namespace="app.users")) as dotted:
+        assert app.namespace("users").get("k") == "child"
+        assert app.namespace("a/b").get("k") == "nested child"
+        assert app.get("k") is None
+        assert dotted.get("k") == "manager"
+        assert list(dotted.keys()) == ["k"]
