@@ -43,7 +43,7 @@ class SteadyMiss:
     _window_max: float
     _adaptive: bool
     _steady: bool
-    _tie_score: int
+    _cold: Any
     _tie_ok: bool
     _bar: int
     _countdown: int
@@ -235,6 +235,6 @@ class SteadyMiss:
         # steady miss refuses it inline when that is _decide's answer (no chance draw, ties
         # to incumbents), else _settle decides. (_tie_score moves only in _adapt, which
         # drops the cached victim.)
-        self._tie_ok = 0 < vf < _WARM and self._tie_score <= 0
+        self._tie_ok = 0 < vf < _WARM and self._cold.tie_score <= 0
         self._single = self._window_max < 2.0  # steady: the window holds one entry
         return victim

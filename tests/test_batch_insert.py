@@ -13,10 +13,10 @@ from mlcache.policies.wtinylfu import WTinyLFUPolicy
 
 def _state(p: WTinyLFUPolicy) -> tuple:
     return (list(p._window.items()), list(p._probation.items()), list(p._protected.items()),
-            p._wsize, p._psize, p._qsize, p.total_weight, dict(p._pending), list(p._log),
-            bytes(p.sketch.table), p._countdown, p._drain_left, p._tick_len,
-            list(p._wghost.items()), list(p._mghost.items()), p._ghost_limit, p._window_max,
-            p._steady, p._unit, p._ticks)
+            p._cold.wsize, p._cold.psize, p._cold.qsize, p.total_weight, dict(p._pending),
+            list(p._cold.log), bytes(p.sketch.table), p._countdown, p._cold.drain_left,
+            p._cold.tick_len, list(p._wghost.items()), list(p._mghost.items()), p._ghost_limit,
+            p._window_max, p._steady, p._cold.unit, p._ticks)
 
 
 def _replay(ops: list, capacity: int, batched: bool) -> tuple[WTinyLFUPolicy, list]:
