@@ -45,8 +45,7 @@ class HeapBudget:
     _wb: Any
     _digests: Digests
     _memo_max: int
-    _memo_total: int
-    _namespaces: dict[str, Any]
+    _cold: Any   # the manager's _Cold: memo_total, namespaces
     _prefetch_reserve: int
     _handle_victims: Any
 
@@ -58,7 +57,7 @@ class HeapBudget:
         and once hints are used the prefetcher's staged reads."""
         buffer = self._wb.buffer_bytes_max or 0
         batch = self._wb.batch_bytes_max or 0
-        return (buffer + batch + raw_keep + self._memo_total * _MEMO_ENTRY
+        return (buffer + batch + raw_keep + self._cold.memo_total * _MEMO_ENTRY
                 + _WLOG_KEYS * _LOGGED_KEY + self._prefetch_reserve)
 
     def _recharge(self) -> None:
@@ -74,12 +73,12 @@ class HeapBudget:
         heap = self._heap
         if heap is None or not heap.by_bytes or heap.entry_overhead == 0:
             return
-        memos = [view for view in self._namespaces.values() if view._memo_max]
+        memos = [view for view in self._cold.namespaces.values() if view._memo_max]
         views = 1 + len(memos)
-        share = max(_MEMO_MIN, self._memo_total // views)
+        share = max(_MEMO_MIN, self._cold.memo_total // views)
         self._memo_max = share
         for view in memos:
             view._memo_max = share
-        if share * views > self._memo_total:
-            self._memo_total = share * views
+        if share * views > self._cold.memo_total:
+            self._cold.memo_total = share * views
             self._recharge()

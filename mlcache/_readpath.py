@@ -193,17 +193,13 @@ class ReadPath:
     _data: dict[bytes, Any]
     _heap: Any
     _levels: list[Any]
-    _level_names: list[str]
     _wb: Any
     _codec: Any
-    _stats: Any
-    _loading: dict[bytes, _Load]
     _digests: Digests
     _handed: set[bytes]
     _access: Any
     _track: bool
-    _hits: int
-    _weighers: list[tuple[bytes, Any]]
+    _cold: Any   # the manager's _Cold: level_names, loading, hits, weighers, stats
     _reads: list[bytes]
     _reads_ts: list[tuple[bytes, float]]
     _records: Any
@@ -223,7 +219,7 @@ class ReadPath:
         """
         out: dict[bytes, Any] = {}
         todo = list(dict.fromkeys(keys_bytes))
-        heap_st = self._stats.levels["heap"]
+        heap_st = self._cold.stats.levels["heap"]
         rounds = 0
         while todo:
             rounds += 1
@@ -235,7 +231,7 @@ class ReadPath:
                 self._check_open()
                 if self._reads or self._reads_ts:
                     self._apply_reads()
-                data, wb, loading = self._data, self._wb, self._loading
+                data, wb, loading = self._data, self._wb, self._cold.loading
                 tombstones = wb.tombstones
                 queued = wb.buffer.pending[0] if wb.levels else None
                 if (data.keys().isdisjoint(todo) and _clear(todo, tombstones, queued, loading)):
@@ -250,7 +246,7 @@ class ReadPath:
                     if value is not MISSING:
                         out[kb] = value
                         if not prefetch:
-                            self._hits += 1
+                            self._cold.hits += 1
                             if self._access is not None:
                                 self._access(kb, ts)
                             if self._track:
@@ -273,7 +269,7 @@ class ReadPath:
                         raw = queued.get(kb)
                         if raw is not None:
                             value = self._codec.decode(raw)
-                            self._stats.writeback["buffer_hits"] += 1
+                            self._cold.stats.writeback["buffer_hits"] += 1
                             out[kb] = self._admit(kb, value, raw, ts)
                             continue
                     misses += 1
@@ -369,7 +365,7 @@ class ReadPath:
                         else:
                             found[kb] = raw
                             if origin is not None:
-                                origin[kb] = f"write-back buffer of {self._level_names[i]}"
+                                origin[kb] = f"write-back buffer of {self._cold.level_names[i]}"
                 remaining = rest
                 if not remaining:
                     break
@@ -392,10 +388,10 @@ class ReadPath:
             else:
                 found = hits
             if origin is not None:
-                origin.update(dict.fromkeys(hits, self._level_names[i]))
+                origin.update(dict.fromkeys(hits, self._cold.level_names[i]))
             n_hits = len(found) - before
             n_rest = len(remaining) - n_hits
-            timings.append((self._level_names[i], elapsed, n_hits, n_rest))
+            timings.append((self._cold.level_names[i], elapsed, n_hits, n_rest))
             if i < last and n_rest:
                 remaining = [kb for kb, raw in zip(remaining, values) if raw is None]
             else:
@@ -439,7 +435,7 @@ class ReadPath:
     def _count_reads(self, timings: list[tuple], prefetched: int) -> None:
         """Lock held: per level, one batched read's hits, misses and time (``_read_levels``'
         timings); ``prefetched``: keys a prefetch found."""
-        levels = self._stats.levels
+        levels = self._cold.stats.levels
         for name, elapsed, hits, misses in timings:
             st = levels[name]
             st.loads += 1
@@ -448,7 +444,7 @@ class ReadPath:
             st.keys_loaded += hits
             st.load_time.record(elapsed)
         if prefetched:
-            self._stats.prefetch["keys_loaded"] += prefetched
+            self._cold.stats.prefetch["keys_loaded"] += prefetched
 
     def _resolve(self, keys: list[bytes], found: dict[bytes, bytes], values: list[Any],
                  timings: list[tuple], out: dict[bytes, Any], ts: float | None,
@@ -502,7 +498,7 @@ class ReadPath:
         remember, remembered, kept = digests.remember, digests._d, digests._raw
         immutable = IMMUTABLE
         victims_all: list[tuple[bytes, Any, bool]] = []
-        weight_of = self._weight_of if self._weighers else None
+        weight_of = self._weight_of if self._cold.weighers else None
         for kb, value, raw in items:
             if track and type(value) not in immutable:
                 n = len(raw)
@@ -519,7 +515,7 @@ class ReadPath:
                     # not admitted: just decoded, so unchanged; nothing to check or write
                     self._digests.pop(kb, None)
                     victims = [v for v in victims if v[0] != kb]
-                    self._stats.levels["heap"].evictions["not_admitted"] += 1
+                    self._cold.stats.levels["heap"].evictions["not_admitted"] += 1
                 victims_all.extend(victims)
             out[kb] = value
         if track:
@@ -551,7 +547,7 @@ class ReadPath:
                 for kb, value, raw in zip(kbs, values, raws):
                     if type(value) not in immutable:
                         remember(kb, raw)
-        weights = (list(map(self._weight_of, kbs, values)) if self._weighers else None)
+        weights = (list(map(self._weight_of, kbs, values)) if self._cold.weighers else None)
         victims, refused = heap.insert_many(kbs, values, map(len, raws), ts=ts,
                                             weights=weights, absent=True)
         out.update(zip(kbs, values))
@@ -563,14 +559,14 @@ class ReadPath:
             pop = digests.pop
             for kb in refused:
                 pop(kb, None)
-            self._stats.levels["heap"].evictions["not_admitted"] += len(refused)
+            self._cold.stats.levels["heap"].evictions["not_admitted"] += len(refused)
         if victims:
             self._handle_victims(victims)
 
     def _weight_of(self, kb: bytes, value: Any) -> int | None:
         """The weight a structure keeps in a value it reads back (see ``_weigh_with``), or
         None: the heap then weighs the value itself (a walk over a sample of it)."""
-        for prefix, weigh in self._weighers:
+        for prefix, weigh in self._cold.weighers:
             if kb.startswith(prefix):
                 return weigh(value)
         return None
@@ -583,13 +579,13 @@ class ReadPath:
         if self._track and type(value) not in IMMUTABLE:
             self._digests.remember(kb, raw)
         victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts,
-                              weight=self._weight_of(kb, value) if self._weighers else None)
+                              weight=self._weight_of(kb, value) if self._cold.weighers else None)
         if victims:
             if any(k == kb for k, _, _ in victims):
                 # not admitted: just decoded, so unchanged; nothing to check or write
                 self._digests.pop(kb, None)
                 victims = [v for v in victims if v[0] != kb]
-                self._stats.levels["heap"].evictions["not_admitted"] += 1
+                self._cold.stats.levels["heap"].evictions["not_admitted"] += 1
             self._handle_victims(victims)
         if self._track:
             self._handed.add(kb)

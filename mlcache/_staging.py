@@ -96,7 +96,7 @@ class StagedReads:
         try:
             with m._lock:
                 m._check_open()
-                data, wb, loading = m._data, m._wb, m._loading
+                data, wb, loading = m._data, m._wb, m._cold.loading
                 tomb = wb.tombstones
                 queued = wb.buffer.pending[0] if wb.levels else None
                 for kb in keys:

@@ -31,13 +31,11 @@ class WritePath:
     _levels: list[Any]
     _wb: Any
     _codec: Any
-    _stats: Any
     _records: Any
     _digests: Digests
     _handed: set[bytes]
     _track: bool
-    _pin_errors: dict[bytes, SerializationError]
-    _good_types: set[type]
+    _cold: Any   # the manager's _Cold: pin_errors, good_types, stats
     _reads: list[bytes]
     _reads_ts: list[tuple[bytes, float]]
     _check_open: Callable[[], None]
@@ -65,12 +63,13 @@ class WritePath:
         encoded: dict[bytes, tuple[Any, bytes]] = {}  # kb -> (the value encoded, its bytes)
         raws: list[bytes | None] = []
         heap = self._heap
+        good_types = self._cold.good_types
         for key, kb, value in items:
             raw = None
-            if heap is None or type(value) not in self._good_types:
+            if heap is None or type(value) not in good_types:
                 raw = self._encode_for(key, value)
                 encoded[kb] = (value, raw)
-                self._good_types.add(type(value))
+                good_types.add(type(value))
             raws.append(raw)
         rc = self._records
         pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
@@ -79,11 +78,12 @@ class WritePath:
             if self._reads or self._reads_ts:
                 self._apply_reads()
             wb = self._wb
+            pin_errors = self._cold.pin_errors
             for i, ((key, kb, value), raw) in enumerate(zip(items, raws)):
                 wb.tombstones.discard(kb)
                 self._digests.pop(kb, None)
                 self._handed.discard(kb)
-                self._pin_errors.pop(kb, None)
+                pin_errors.pop(kb, None)
                 if heap is None:
                     assert raw is not None
                     wb.buffer.add(0, kb, raw)
@@ -124,7 +124,7 @@ class WritePath:
                     self._heap.remove(kb)
                 self._digests.pop(kb, None)
                 self._handed.discard(kb)
-                self._pin_errors.pop(kb, None)
+                self._cold.pin_errors.pop(kb, None)
                 if self._levels:
                     self._wb.delete(kb)
         if self._heap is None and self._levels:
@@ -137,7 +137,7 @@ class WritePath:
     def _handle_victims(self, victims: list[tuple[bytes, Any, bool]],
                         encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
         """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
-        heap_st = self._stats.levels["heap"]
+        heap_st = self._cold.stats.levels["heap"]
         if self._records is not None:
             self._records.note_victims(victims)
         for kb, value, dirty in victims:
@@ -155,7 +155,7 @@ class WritePath:
                 if same_bytes(digest, raw):
                     heap_st.evictions["clean"] += 1
                     continue
-                self._stats.writeback["mutations_detected"] += 1
+                self._cold.stats.writeback["mutations_detected"] += 1
             else:
                 enc = encoded.get(kb) if encoded else None
                 raw = enc[1] if enc is not None and enc[0] is value else None
@@ -177,11 +177,11 @@ class WritePath:
         assert self._heap is not None
         self._heap.pin(kb, value, dirty=True)
         key = self._describe_key(kb)
-        self._pin_errors[kb] = SerializationError(
+        self._cold.pin_errors[kb] = SerializationError(
             f"cannot write back key {key!r}: value of type {type(value).__name__} is not "
             f"serializable ({exc}); it stays in the heap until fixed or deleted",
             key=key, value_type=type(value))
-        self._stats.levels["heap"].evictions["pinned"] += 1
+        self._cold.stats.levels["heap"].evictions["pinned"] += 1
 
     def _describe_key(self, kb: bytes) -> Any:
         try:
@@ -243,7 +243,7 @@ class WritePath:
             try:
                 raw = self._codec.encode(value)
             except SerializationError as exc:
-                self._pin_errors[kb] = SerializationError(
+                self._cold.pin_errors[kb] = SerializationError(
                     f"cannot write back key {self._describe_key(kb)!r}: value of type "
                     f"{type(value).__name__} is not serializable ({exc})",
                     key=self._describe_key(kb), value_type=type(value))
@@ -252,7 +252,7 @@ class WritePath:
             heap.dirty.discard(kb)
             if self._track and type(value) not in IMMUTABLE:
                 digests.remember(kb, raw)
-            self._stats.writeback["dirty_flushes"] += 1
+            self._cold.stats.writeback["dirty_flushes"] += 1
             if limit is not None and buffer.nbytes >= limit:
                 break
         return i
@@ -275,7 +275,7 @@ class WritePath:
                 raw = self._codec.encode(value)
             except SerializationError as exc:
                 heap.dirty.add(kb)
-                self._pin_errors[kb] = SerializationError(
+                self._cold.pin_errors[kb] = SerializationError(
                     f"cannot write back key {self._describe_key(kb)!r}: value of type "
                     f"{type(value).__name__} is not serializable ({exc})",
                     key=self._describe_key(kb), value_type=type(value))
@@ -283,7 +283,7 @@ class WritePath:
             if not same_bytes(digest, raw):
                 digests.remember(kb, raw)
                 self._wb.enqueue(kb, raw)
-                self._stats.writeback["mutations_detected"] += 1
+                self._cold.stats.writeback["mutations_detected"] += 1
                 if limit is not None and buffer.nbytes >= limit:
                     break
         return j
@@ -300,11 +300,11 @@ class WritePath:
             except SerializationError:
                 continue
             heap.unpin(kb)
-            self._pin_errors.pop(kb, None)
+            self._cold.pin_errors.pop(kb, None)
             self._wb.enqueue(kb, raw)
 
     def _raise_pinned(self) -> None:
         with self._lock:
-            errors = list(self._pin_errors.values())
+            errors = list(self._cold.pin_errors.values())
         if errors:
             raise errors[0]

@@ -69,12 +69,40 @@ def _after_fork() -> None:
     writer or fetch thread was copied; start over with fresh ones (created lazily)."""
     for manager in list(_LIVE):
         manager._lock = threading.RLock()
-        manager._loading = {}
+        manager._cold.loading = {}
         manager._wb.reset_after_fork(manager._lock)
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Cold:
+    """The manager's state that a heap hit never reads and a put reads at most once a batch:
+    names, registries, counters and the bookkeeping of loads and unencodable entries.
+
+    Kept apart so that a manager has few attributes: CPython 3.11 keeps an object's attributes
+    in a compact array read at a fixed offset only while its class's instances have fewer than
+    30 attribute names; past that they all live in a dict and every ``self._x`` on the hit and
+    put paths is a hashed lookup (LOAD_ATTR_WITH_HINT instead of LOAD_ATTR_INSTANCE_VALUE).
+    With its mixins' state the manager had 37. ``tests/test_manager.py`` keeps the count down:
+    put new state here unless the hit or put path reads it."""
+
+    __slots__ = ("good_types", "hits", "last_checkpoint_id", "level_names", "loading",
+                 "memo_total", "namespaces", "pin_errors", "stats", "structures", "weighers")
+
+    memo_total: int  # key memo entries charged to the heap budget (see HeapBudget)
+    level_names: list[str]  # the byte levels' names in stats, fastest first
+    stats: Stats  # counted on misses and evictions, never on a hit
+    hits: int  # heap hits replayed to the policy so far
+    pin_errors: dict[bytes, SerializationError]  # dirty entries that could not be encoded
+    good_types: set[type]  # value types seen to encode (see WritePath._put_items)
+    loading: dict[bytes, _Load]  # fetches in flight, by key
+    namespaces: dict[str, Namespace]
+    structures: dict[tuple[str, str], Any]
+    # (namespace prefix, weigh(value) -> int | None): see CacheManager._weigh_with
+    weighers: list[tuple[bytes, Callable[[Any], int | None]]]
+    last_checkpoint_id: Any
 
 
 class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
@@ -91,7 +119,8 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             # The key memo is charged to the heap budget (below): about 1% of it, shared by
             # the manager and its namespaces (see namespace()).
             self._memo_max = max(_MEMO_MIN, min(self._memo_max, heap_bytes // _MEMO_SHARE))
-        self._memo_total = self._memo_max
+        self._cold = _Cold()
+        self._cold.memo_total = self._memo_max
         self.config = config
         self._lock = threading.RLock()
         self._codec = Codec(config.signing_key, config.allow_pickle)
@@ -116,9 +145,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             while name in names or name == "heap":
                 name = f"{level.name}{len(names)}"
             names.append(name)
-        self._level_names = names
-        self._stats = Stats(["heap", *names])
-        self._wb = WriteBack(levels, names, self._lock, self._stats,
+        self._cold.level_names = names
+        self._cold.stats = Stats(["heap", *names])
+        self._wb = WriteBack(levels, names, self._lock, self._cold.stats,
                              batch_size=config.write_batch_size,
                              buffer_max=config.eviction_buffer_max,
                              retry_attempts=config.retry_attempts,
@@ -146,25 +175,25 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._event_seq = itertools.count()   # event times of records without ts= (operator)
         self._pf_landed: dict[bytes, float] | None = None  # the prefetcher's unused prefetches
         self._track = bool(config.heap is not None and config.heap.track_mutations)
-        self._hits = 0
+        self._cold.hits = 0
         self._reads: list[bytes] = []
         self._reads_ts: list[tuple[bytes, float]] = []
         self._digests = Digests(raw_keep)
         self._handed: set[bytes] = set()
-        self._pin_errors: dict[bytes, SerializationError] = {}
-        self._good_types: set[type] = set()
-        self._loading: dict[bytes, _Load] = {}
-        self._namespaces: dict[str, Namespace] = {}
-        self._structures: dict[tuple[str, str], Any] = {}
+        self._cold.pin_errors = {}
+        self._cold.good_types = set()
+        self._cold.loading = {}
+        self._cold.namespaces = {}
+        self._cold.structures = {}
         # (namespace prefix, weigh(value) -> int | None): structures whose values carry their
         # own size (quadtree nodes) spare the heap a walk over each value loaded from below
-        self._weighers: list[tuple[bytes, Callable[[Any], int | None]]] = []
+        self._cold.weighers = []
         self._prefetcher: Any = None
         self._prefetcher_pid = 0
         self._prefetch_absent = False
         self._closed = False
         _LIVE.add(self)
-        self.last_checkpoint_id: Any = None
+        self._cold.last_checkpoint_id = None
         self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
         if self._heap is not None and self._heap.policy.name == "dedup":
             from .recordcache import RecordCache
@@ -183,7 +212,16 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         return self.contains(key)
 
     def __repr__(self) -> str:
-        return f"CacheManager(levels={['heap'] if self._heap else []}+{self._level_names})"
+        return f"CacheManager(levels={['heap'] if self._heap else []}+{self._cold.level_names})"
+
+    @property
+    def last_checkpoint_id(self) -> Any:
+        """The id given to the last :meth:`checkpoint` (None before any)."""
+        return self._cold.last_checkpoint_id
+
+    @last_checkpoint_id.setter
+    def last_checkpoint_id(self, value: Any) -> None:
+        self._cold.last_checkpoint_id = value
 
     @property
     def closed(self) -> bool:
@@ -258,8 +296,8 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         heap weigh it) instead of a walk; once per start, for a structure kind."""
         prefix = f"{self.config.namespace}/{namespace_start}".encode()
         with self._lock:
-            if all(p != prefix for p, _ in self._weighers):
-                self._weighers.append((prefix, weigh))
+            if all(p != prefix for p, _ in self._cold.weighers):
+                self._cold.weighers.append((prefix, weigh))
 
     def _get_kbs(self, kbs: list[bytes]) -> list[Any]:
         """The values of ``kbs``, ``MISSING`` for a miss; for structures reading a batch of
@@ -302,7 +340,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         if self._track:
             self._handed.update(items)
             self._handed.update(kb for kb, _ in timed)
-        self._hits += len(items) + len(timed)
+        self._cold.hits += len(items) + len(timed)
 
     def contains(self, key: Any) -> bool:
         return self.get(key, _MISSING) is not _MISSING
@@ -335,7 +373,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
                 victims.append((kb, value, False))
             # like an eviction: a value changed in place is written, not forgotten
             self._handle_victims(victims)
-            self._stats.levels["heap"].evictions["invalidated"] += len(drop)
+            self._cold.stats.levels["heap"].evictions["invalidated"] += len(drop)
             # reads in flight or staged by the prefetcher may predate the other process's
             # changes: in flight ones are read again or dropped, staged ones are dropped
             self._wb.forget_reads()
@@ -398,8 +436,8 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._wb.drain_all()
         self._raise_pinned()
         self._wb.copy_down()
-        self.last_checkpoint_id = checkpoint_id
-        self._stats.writeback["checkpoints"] += 1
+        self._cold.last_checkpoint_id = checkpoint_id
+        self._cold.stats.writeback["checkpoints"] += 1
 
     def close(self) -> None:
         """Checkpoint and release every level. If the checkpoint fails, stay open."""
@@ -460,9 +498,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         if not isinstance(name, str) or not name or "\x1f" in name:
             raise ConfigError("namespace", f"must be a non-empty string, got {name!r}")
         with self._lock:
-            ns = self._namespaces.get(name)
+            ns = self._cold.namespaces.get(name)
             if ns is None:
-                ns = self._namespaces[name] = Namespace(self, name)
+                ns = self._cold.namespaces[name] = Namespace(self, name)
                 if not memo:
                     ns._memo_max = 0   # _kb then keeps at most the key it just encoded
                 self._share_memo()
@@ -477,7 +515,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             raise ConfigError("structure", f"unknown structure kind {kind!r}; "
                                            f"registered: {sorted(_STRUCTURES)}")
         with self._lock:
-            obj = self._structures.get((kind, name))
+            obj = self._cold.structures.get((kind, name))
         if obj is not None:
             # open already: options given again must still match what it was made with
             # (a quadtree's bounds, page_levels), exactly as a reopen after close() checks them
@@ -490,7 +528,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         # holds io_lock and wants self._lock. Build outside, keep the first one built.
         obj = factory(self, name, **kw)
         with self._lock:
-            return self._structures.setdefault((kind, name), obj)
+            return self._cold.structures.setdefault((kind, name), obj)
 
     def dict(self, name: str, **kw: Any) -> Any:
         return self.structure("dict", name, **kw)
@@ -509,7 +547,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
     def stats(self) -> builtins.dict[str, Any]:   # (``dict`` here is the method above)
         with self._lock:
             self._apply_reads()
-            heap_extra: dict[str, Any] = {"hits": self._hits}
+            heap_extra: dict[str, Any] = {"hits": self._cold.hits}
             if self._heap is not None:
                 heap_extra.update(entries=len(self._heap), dirty=len(self._heap.dirty),
                                   pinned=len(self._heap.pinned),
@@ -518,9 +556,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
                     heap_extra["bytes"] = self._heap.tracked_weight
                     weights = self._heap.weights
                     heap_extra["dirty_bytes"] = sum(weights.get(k, 0) for k in self._heap.dirty)
-            h = self._stats.levels["heap"]
-            total = self._hits + h.misses
-            heap_extra["hit_ratio"] = self._hits / total if total else None
+            h = self._cold.stats.levels["heap"]
+            total = self._cold.hits + h.misses
+            heap_extra["hit_ratio"] = self._cold.hits / total if total else None
             wb = {"pending": len(self._wb.buffer),
                   "pending_bytes": sum(len(v) for p in self._wb.buffer.pending for v in p.values()),
                   "tombstones": len(self._wb.tombstones),
@@ -529,8 +567,8 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             pf = self._prefetcher
             if pf is not None and callable(getattr(pf, "stats", None)):
                 prefetch = dict(pf.stats())
-            snap = self._stats.snapshot({"heap": heap_extra}, wb, prefetch)
-        for name, level in zip(self._level_names, self._levels):
+            snap = self._cold.stats.snapshot({"heap": heap_extra}, wb, prefetch)
+        for name, level in zip(self._cold.level_names, self._levels):
             # A level whose exact count is costly (an unbounded Redis: a SCAN) offers a cheap
             # estimate; stats() is polled by exporters and must not scan on every call.
             used = getattr(level, "used_bytes_estimate", None) or level.used_bytes

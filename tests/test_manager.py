@@ -442,3 +442,26 @@ def test_in_place_change_to_a_value_loaded_on_a_miss_is_kept(tmp_path, policy):
         m.checkpoint()
     with CacheManager(cfg) as m:
         assert m.get(1) == [0, 1]
+
+
+def test_the_manager_keeps_its_attributes_inline(tmp_path):
+    # CPython 3.11 reads an object's attributes at a fixed offset only while its class's
+    # instances have fewer than 30 attribute names (counted over all of them); past that every
+    # ``self._x`` on the hit and put paths is a dict lookup (LOAD_ATTR_WITH_HINT). State those
+    # paths do not read lives in CacheManager._cold: keep new attributes there, or this low.
+    names: set[str] = set()
+    for i, h in enumerate((heap(50), heap(50, max_bytes=1 << 16), None)):
+        config = CacheConfig(heap=h, levels=(DiskConfig(path=str(tmp_path / str(i))),))
+        with CacheManager(config) as m:
+            for j in range(300):
+                m.put(j, {"n": j})
+                m.get(j - 100)
+                m.get(j, ts=float(j))
+            m.get_many(range(0, 300, 7))
+            m.namespace("ns").put("k", 1)
+            m.dict("d")["k"] = 1
+            m.delete(3)
+            m.checkpoint("cp")
+            assert m.last_checkpoint_id == "cp"
+            names.update(vars(m))   # (vars() makes the dict: only after the work above)
+    assert len(names) <= 27, sorted(names)

@@ -81,7 +81,7 @@ def test_manager_batched_miss_through_redis(redis_url, unique_ns):
         assert m.get_many(keys) == values
         st = m.stats()["levels"]
         assert st["heap"]["misses"] == len(keys)
-        assert st[m._level_names[0]]["keys_loaded"] == len(values)
+        assert st[m._cold.level_names[0]]["keys_loaded"] == len(values)
         assert m.get_many(keys) == values            # now heap hits
         assert m.stats()["levels"]["heap"]["hits"] == len(values)
 

@@ -193,11 +193,11 @@ def test_key_memo_and_eviction_buffer_are_bounded_and_charged_to_the_heap_budget
             worst_buffer = max(worst_buffer, m._wb.buffer.nbytes + m._wb.inflight_bytes)
         # the manager and its namespaces share one memo bound, charged to the budget
         assert len(m._memo) <= m._memo_max and len(ns._memo) <= ns._memo_max == m._memo_max
-        assert m._memo_max + ns._memo_max <= max(m._memo_total, 2 * _MEMO_MIN)
+        assert m._memo_max + ns._memo_max <= max(m._cold.memo_total, 2 * _MEMO_MIN)
         limit = m._wb.buffer_bytes_max
         assert limit == max(64 * 1024, budget // 32)
         heap = m._heap
-        assert heap.reserved >= limit + m._memo_total * _MEMO_ENTRY
+        assert heap.reserved >= limit + m._cold.memo_total * _MEMO_ENTRY
         assert heap.capacity == budget - heap.reserved - heap.policy_bytes
         assert heap.tracked_weight <= heap.capacity
         # one put's victims may overshoot the bound before the put makes room
