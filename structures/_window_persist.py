@@ -40,7 +40,7 @@ def dump_state(self: Any) -> dict[str, Any]:
         "version": 1, "fingerprint": fingerprint(self), "repo": self._repo.state(),
         "cur": [cur.seq, cur.start, cur.n, cur_ts, cur_data],
         "wm": self._wm, "next_slide": self._next_slide, "oldest": self._oldest,
-        "late": [self.late_accepted, self.late_dropped, self._late_seq],
+        "late": [self._cold.late_accepted, self._cold.late_dropped, self._cold.late_seq],
         "groups": self._groups.keys if self._groups is not None else None,
         "windows": [w.state() for w in self._wins],
     }
@@ -65,7 +65,8 @@ def load_state(self: Any, path: str) -> None:
     cur.n = cur.applied = n
     self._cur = cur
     self._wm, self._next_slide, self._oldest = meta["wm"], meta["next_slide"], meta["oldest"]
-    self.late_accepted, self.late_dropped, self._late_seq = meta["late"]
+    cold = self._cold
+    cold.late_accepted, cold.late_dropped, cold.late_seq = meta["late"]
     if self._groups is not None:
         for k in meta["groups"]:
             self._groups.code(k)

@@ -37,7 +37,7 @@ import numpy as np
 from mlcache.errors import ConfigError
 
 from ._window_agg import Aggregate, GroupTable, WindowState, extremes, partial
-from ._window_arrival import _INFINITE_TS, WindowArrival
+from ._window_arrival import _INFINITE_TS, WindowArrival, _Cold
 from ._window_blocks import BlockRepository, GeneralCodec, NumericCodec
 from ._window_persist import discard, dump_state, load_state
 from ._window_results import window_result
@@ -66,11 +66,9 @@ class _Windows(WindowArrival):
         self.on_slide = on_slide
         self.block_size = int(block_size)
         self.lateness = float(lateness)
-        self.on_late = on_late
         self.minmax = bool(minmax)
-        self.late_accepted = 0
-        self.late_dropped = 0
-        self._late_seq = 0
+        self._cold = _Cold()
+        self._cold.on_late = on_late
         if columns is not None:
             self.columns: tuple[str, ...] | None = tuple(columns)
             self._codec: Any = NumericCodec(self.columns, self.block_size)
@@ -81,11 +79,10 @@ class _Windows(WindowArrival):
             self.columns = None
             self._codec = GeneralCodec(self.block_size)
             self._vf, self._wf, self._gf = (_getter(f) for f in (value, weight, group_by))
-        self._has_value = value is not None
         self._grouped = group_by is not None
         self._groups: GroupTable | None = GroupTable(columns is not None) if self._grouped else None
         self._wins = [WindowState(r, self.minmax) for r in self.ranges]
-        self._own_dir = directory is None
+        self._cold.own_dir = directory is None
         self.directory = (tempfile.mkdtemp(prefix="mlcache-window-") if directory is None
                           else os.fspath(directory))
         os.makedirs(self.directory, exist_ok=True)
@@ -116,8 +113,8 @@ class _Windows(WindowArrival):
         self.append = self._pick_append()  # type: ignore[method-assign]
         # a window dropped without close() still releases its file (and its temporary
         # directory); its state is only persisted by close()
-        self._finalizer = weakref.finalize(self, discard, self._repo,
-                                           self.directory if self._own_dir else None)
+        self._cold.finalizer = weakref.finalize(self, discard, self._repo,
+                                                self.directory if self._cold.own_dir else None)
 
     # -- validation --------------------------------------------------------------------------
     @staticmethod
@@ -318,7 +315,8 @@ class _Windows(WindowArrival):
         """Reads, writes, bytes and their rates, pool memory, live blocks, late tuples."""
         self._repo.recent_n = self._cur.n
         stats = self._repo.stats()
-        stats.update(late_accepted=self.late_accepted, late_dropped=self.late_dropped,
+        stats.update(late_accepted=self._cold.late_accepted,
+                     late_dropped=self._cold.late_dropped,
                      tuples=self._cur.start + self._cur.n, block_capacity=self._capacity())
         return stats
 
@@ -337,6 +335,33 @@ class _Windows(WindowArrival):
         return {"pool": pool, "group_state": state, "block_table": table,
                 "total": pool + state + table}
 
+    @property
+    def on_late(self) -> str:
+        """What a tuple later than ``lateness`` does: ``"raise"`` or ``"drop"``."""
+        return self._cold.on_late
+
+    @on_late.setter
+    def on_late(self, how: str) -> None:
+        self._cold.on_late = how
+
+    @property
+    def late_accepted(self) -> int:
+        """Late tuples kept (within ``lateness``)."""
+        return self._cold.late_accepted
+
+    @late_accepted.setter
+    def late_accepted(self, n: int) -> None:
+        self._cold.late_accepted = n
+
+    @property
+    def late_dropped(self) -> int:
+        """Late tuples dropped (``on_late="drop"``)."""
+        return self._cold.late_dropped
+
+    @late_dropped.setter
+    def late_dropped(self, n: int) -> None:
+        self._cold.late_dropped = n
+
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this window is closed")
@@ -348,8 +373,8 @@ class _Windows(WindowArrival):
             return
         self._closed = True
         self.append = self._append_closed  # type: ignore[method-assign]
-        if self._own_dir:
-            self._finalizer()
+        if self._cold.own_dir:
+            self._cold.finalizer()
             return
         self._apply_pending()
         self._repo.flush()
@@ -360,7 +385,7 @@ class _Windows(WindowArrival):
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, os.path.join(self.directory, _META))
-        self._finalizer()
+        self._cold.finalizer()
 
     def _append_closed(self, record: Any, ts: float | None = None) -> None:
         self._check_open()

@@ -189,3 +189,23 @@ def test_nan_inside_tuple_group_keys_is_one_group_after_reopening(tmp_path):
     assert len(got) == 2, got
     assert sorted(agg.count for agg in got.values()) == [15, 15]
     win.close()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_windows_keep_their_attributes_inline(tmp_path, shared):
+    # CPython 3.11 reads an object's attributes at a fixed offset only while its class's
+    # instances have fewer than 30 attribute names (counted over all of them: column and
+    # general windows alike); past that each ``self._x`` of ``append`` is a dict lookup.
+    # State append does not read lives in the window's _cold: keep new attributes there.
+    names: set[str] = set()
+    for i, kw in enumerate(({}, dict(columns=("v", "g"), value="v", group_by="g"),
+                            dict(kind="count", slide=5, value=lambda r: r[0], minmax=True),
+                            dict(lateness=3.0, on_late="drop", directory=tmp_path / "w"))):
+        win = SharedWindows([10, 30], **kw) if shared else SlidingWindow(30, **kw)
+        late = "lateness" in kw
+        for t in range(3000):
+            win.append((1.0, float(t % 3)), float(t - (late and t % 7 == 0) * 2))
+        win.io_stats()
+        names.update(vars(win))   # (vars() makes the dict: only after the work above)
+        win.close()
+    assert len(names) <= 27, sorted(names)
