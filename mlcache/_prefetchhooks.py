@@ -31,6 +31,7 @@ class PrefetchHooks:
     _data: dict[bytes, Any]
     _reads: list[bytes]
     _closed: bool
+    _check_open: Callable[[], None]
     _advance: Callable[[float], Any] | None
     _prefetcher: Any
     _prefetcher_pid: int
@@ -52,7 +53,13 @@ class PrefetchHooks:
         prefetcher = self._get_prefetcher()
         if prefetcher is not None:
             prefetcher.submit(kb, ts)
-        elif heap is not None:
+            return
+        if self._closed:
+            # refused like put/delete (a hint after close() was taken silently). Checked only
+            # here, off the resident key's path: close() empties the heap, and a closed
+            # manager has no prefetcher
+            self._check_open()
+        if heap is not None:
             with self._lock:
                 self._apply_reads()
                 heap.policy.hint(kb, ts)

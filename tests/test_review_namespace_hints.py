@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig
-from mlcache.errors import ConfigError
+from mlcache.errors import CacheError, ConfigError
 
 
 def _disk(path, **kw):
@@ -47,3 +47,24 @@ def test_manager_and_child_namespaces_on_one_directory_never_share_keys(tmp_path
         assert app.get("k") is None
         assert dotted.get("k") == "manager"
         assert list(dotted.keys()) == ["k"]
+
+
+# -- 2. a hint after close() is refused like put/delete ------------------------------------------
+
+@pytest.mark.parametrize("heap, enabled", [
+    (HeapConfig(policy="lru", max_entries=10, max_bytes=None), True),
+    (HeapConfig(policy="tac", max_entries=10, max_bytes=None), False),
+    (None, True),
+    (None, False),
+])
+def test_hint_after_close_raises_like_put(tmp_path, heap, enabled):
+    m = CacheManager(CacheConfig(heap=heap, levels=(DiskConfig(path=str(tmp_path)),),
+                                 prefetch=PrefetchConfig(enabled=enabled)))
+    ns = m.namespace("n")
+    m.put("k", 1)
+    m.hint("k", 1.0)
+    m.close()
+    for call in (lambda: m.put("k", 2), lambda: m.hint("k", 2.0), lambda: m.hint("absent", 2.0),
+                 lambda: ns.hint("k", 2.0)):
+        with pytest.raises(CacheError, match="closed"):
+            call()
