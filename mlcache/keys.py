@@ -3,7 +3,8 @@
 A byte-level key is ``namespace + b"\\x1f" + msgpack(key)``. It must be identical in every
 process (so never ``hash()``, which is salted per process) and reversible (structures list
 their keys by scanning a prefix). Supported user keys are ``str``, ``int``, ``bytes`` and
-tuples of them; ``bool`` is folded into ``int`` exactly as a ``dict`` treats ``True == 1``.
+tuples of them (nested at most ``MAX_KEY_DEPTH`` deep); ``bool`` is folded into ``int``
+exactly as a ``dict`` treats ``True == 1``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ __all__ = ["SEP", "check_key", "encode_key", "decode_key", "namespace_prefix", "
 SEP = b"\x1f"
 _TUPLE = 1
 _BIGINT = 2  # ints outside msgpack's 64-bit range, as decimal text
+MAX_KEY_DEPTH = 100  # tuples within tuples: deeper keys are refused (see _check_tuple)
 
 
 def _default(obj: Any) -> Any:
@@ -54,9 +56,28 @@ def check_key(key: Any) -> None:
     if isinstance(key, (str, bytes, int)):
         return
     if isinstance(key, tuple):
-        for part in key:
-            check_key(part)
+        _check_tuple(key, 1)
         return
+    _unsupported(key)
+
+
+def _check_tuple(key: tuple, depth: int) -> None:
+    # Nesting is bounded: each level of a tuple is one nested msgpack call when the key is
+    # encoded and decoded. Past the interpreter's recursion limit this check itself raised a
+    # bare RecursionError, and decoding (keys()) a stored key a couple of hundred levels deep
+    # overflowed the C stack and killed the process.
+    if depth > MAX_KEY_DEPTH:
+        raise TypeError(f"unsupported key: tuples nested more than {MAX_KEY_DEPTH} deep")
+    for part in key:
+        if isinstance(part, (str, bytes, int)):
+            continue
+        if isinstance(part, tuple):
+            _check_tuple(part, depth + 1)
+            continue
+        _unsupported(part)
+
+
+def _unsupported(key: Any) -> None:
     raise TypeError(
         f"mlcache keys must be str, int, bytes or tuples of them, not {type(key).__name__}"
     )

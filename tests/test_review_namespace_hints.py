@@ -8,6 +8,8 @@ import pytest
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig
 from mlcache.errors import CacheError, ConfigError
+from mlcache.keys import MAX_KEY_DEPTH, check_key, decode_key, encode_key
+from mlcache.prefetch import RecordKeyError, prefetching
 
 
 def _disk(path, **kw):
@@ -68,3 +70,47 @@ def test_hint_after_close_raises_like_put(tmp_path, heap, enabled):
                  lambda: ns.hint("k", 2.0)):
         with pytest.raises(CacheError, match="closed"):
             call()
+
+
+# -- 3. a deeply nested tuple key is an unsupported key, not a RecursionError or a crash ----------
+
+def _nested(depth):
+    key = ("leaf",)
+    for _ in range(depth - 1):
+        key = (key, 1)
+    return key
+
+
+def test_key_nested_to_the_limit_round_trips(tmp_path):
+    key = _nested(MAX_KEY_DEPTH)
+    assert decode_key(encode_key(key)) == key
+    with CacheManager(_disk(tmp_path, heap=None)) as m:
+        m.put(key, "v")
+        assert m.get(key) == "v"
+        assert list(m.keys()) == [key]
+
+
+@pytest.mark.parametrize("depth", [MAX_KEY_DEPTH + 1, 250, 5000])
+def test_key_nested_past_the_limit_is_a_type_error_from_every_entry(tmp_path, depth):
+    """5000 levels raised a bare RecursionError from check_key; 250 levels were stored, and
+    listing them (keys()) overflowed the C stack in msgpack's nested unpackb calls."""
+    key = _nested(depth)
+    with pytest.raises(TypeError, match="nested more than"):
+        check_key(key)
+    with pytest.raises(TypeError, match="nested more than"):
+        encode_key(key)
+    with CacheManager(_disk(tmp_path)) as m:
+        ns = m.namespace("n")
+        for call in (lambda: m.put(key, 1), lambda: m.get(key), lambda: m.delete(key),
+                     lambda: m.put_many({key: 1}), lambda: m.get_many(["a", key]),
+                     lambda: m.hint(key, 1.0), lambda: ns.put(key, 1), lambda: ns.get(key)):
+            with pytest.raises(TypeError, match="nested more than"):
+                call()
+        assert list(m.keys()) == []
+    recs = [("a", 0), (key, 1), ("b", 2)]
+    with CacheManager(_disk(tmp_path)) as m:
+        it = prefetching(recs, key=lambda r: r[0], cache=m, depth=4)
+        assert next(it) == ("a", 0)
+        with pytest.raises(RecordKeyError, match="record 1") as info:
+            next(it)
+        assert isinstance(info.value.__cause__, TypeError)
