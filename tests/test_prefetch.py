@@ -886,7 +886,8 @@ def test_corrupt_bytes_read_by_a_prefetch_raise_integrity_error(tmp_path, mode):
 def test_a_key_that_fails_to_encode_otherwise_still_names_its_record(tmp_path):
     # Only a TypeError from encoding the key became a RecordKeyError; any other error (a tuple
     # nested past the recursion limit: RecursionError) escaped from the read-ahead, before the
-    # records ahead of it were handed over.
+    # records ahead of it were handed over. (Since keys refuse tuples nested more than
+    # keys.MAX_KEY_DEPTH deep, this key's error is that TypeError, no longer a RecursionError.)
     cfg = _disk_config(tmp_path, None)
     deep: tuple = ()
     for _ in range(5000):
@@ -896,4 +897,5 @@ def test_a_key_that_fails_to_encode_otherwise_still_names_its_record(tmp_path):
         assert next(it) == 1 and next(it) == 2
         with pytest.raises(RecordKeyError, match="record 2") as info:
             next(it)
-        assert info.value.index == 2 and isinstance(info.value.__cause__, RecursionError)
+        assert info.value.index == 2 and isinstance(info.value.__cause__, TypeError)
+        assert "nested more than" in str(info.value)
