@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import sys
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
@@ -50,6 +51,32 @@ _INSTALL_PER_RECORD = 8
 # buffered heap hits replayed to the policy by the operator between records (the manager
 # replays them itself at 64, inside a get)
 _REPLAY_AT = 16
+
+
+def _bad_ts(t: Any) -> bool:
+    """True unless ``t`` is an event time: a real number, not NaN, that float() can hold
+    (ints past the largest float do not: float arithmetic on them raises OverflowError)."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Real) or t != t:
+        return True
+    try:
+        float(t)
+    except (OverflowError, TypeError, ValueError):   # OverflowError: past the largest float
+        return True
+    return False
+
+
+def _magnitude(t: Any) -> str:
+    try:
+        return f"10**{len(str(abs(int(t)))) - 1}"
+    except ValueError:   # past sys.get_int_max_str_digits()
+        return f"2**{abs(int(t)).bit_length() - 1}"
+
+
+def _describe_ts(t: Any) -> str:
+    if isinstance(t, numbers.Real) and not isinstance(t, bool) and t == t:
+        return (f"a number too large in magnitude for an event time (a float, at most "
+                f"{sys.float_info.max!r}): {type(t).__name__}, about {_magnitude(t)}")
+    return f"{t!r}, not a number"
 
 
 class RecordKeyError(CacheError):
@@ -240,12 +267,16 @@ class Lookahead(Iterator[Any]):
             err.__cause__ = exc
             self._queue.append((rec, None, None, i, err))
             return True
-        if (t.__class__ is not float and t.__class__ is not int
-                and (isinstance(t, bool) or not isinstance(t, numbers.Real))) or t != t:
+        # one expression, cheapest for ints (the sequence numbers used without ts=): an int
+        # below 2**1023 fits a float; anything else but a float, or a NaN, is looked at
+        if (t.bit_length() > 1023 if t.__class__ is int
+                else (t.__class__ is not float or t != t)) and _bad_ts(t):
             # a None, a string or NaN failed later inside the policy or the hint buffer with
-            # an error naming neither the record nor ts= (or, NaN, was taken silently)
+            # an error naming neither the record nor ts= (or, NaN, was taken silently); an int
+            # past the largest float passed, and the clock's float arithmetic then raised an
+            # OverflowError from the read-ahead of a later record
             self._queue.append((rec, None, None, i, RecordKeyError(
-                f"record {i}: ts= returned {t!r}, not a number", index=i, record=rec)))
+                f"record {i}: ts= returned {_describe_ts(t)}", index=i, record=rec)))
             return True
         try:
             kb = self._encode(k)

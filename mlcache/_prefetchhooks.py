@@ -42,7 +42,13 @@ class PrefetchHooks:
     _recharge: Callable[[], None]
 
     def _hint_kb(self, kb: bytes, ts: float) -> None:
-        ts = event_time(ts)
+        try:
+            ts = event_time(ts)
+        except OverflowError:
+            # an int past the largest float: refused here like NaN, naming ts (the bare
+            # "int too large to convert to float" named nothing)
+            raise ValueError(f"ts must fit a float (an event time), got a "
+                             f"{type(ts).__name__} too large in magnitude") from None
         heap = self._heap
         if heap is not None:
             with self._lock:

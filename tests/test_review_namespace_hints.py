@@ -4,6 +4,8 @@ Real managers on real disk levels in tmp dirs; no mocks.
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig
@@ -114,3 +116,49 @@ def test_key_nested_past_the_limit_is_a_type_error_from_every_entry(tmp_path, de
         with pytest.raises(RecordKeyError, match="record 1") as info:
             next(it)
         assert isinstance(info.value.__cause__, TypeError)
+
+
+# -- 4. an event time past the largest float is refused where it enters --------------------------
+
+@pytest.mark.parametrize("huge", [10**400, -(10**309), 2**1024])
+@pytest.mark.parametrize("policy", ["lru", "tac"])
+def test_prefetching_ts_past_the_largest_float_names_the_record(tmp_path, huge, policy):
+    """An int ts past ~1.8e308 passed the number check (it is an int, and not NaN); the
+    prefetcher's float arithmetic on it then raised a bare OverflowError from the read-ahead
+    of a later record, records early and naming none."""
+    cfg = CacheConfig(heap=HeapConfig(policy=policy, max_entries=100, max_bytes=None),
+                      levels=(DiskConfig(path=str(tmp_path)),),
+                      prefetch=PrefetchConfig(hot_threshold=16))
+    with CacheManager(cfg) as m:
+        m.put_many([(i, i) for i in range(20)])
+        m.checkpoint()
+    with CacheManager(cfg) as m:
+        got = []
+        with pytest.raises(RecordKeyError, match=r"record 5: ts= returned a number too large"
+                           ) as info:
+            for r in prefetching(range(20), key=lambda r: r, cache=m, depth=4,
+                                 ts=lambda r: huge if r == 5 else r):
+                got.append(m.get(r))
+        assert got == [0, 1, 2, 3, 4] and info.value.index == 5
+
+
+def test_prefetching_ts_ints_that_fit_a_float_are_taken(tmp_path):
+    big = int(sys.float_info.max)           # the largest float, as an int: still a time
+    cfg = CacheConfig(heap=HeapConfig(policy="tac", max_entries=100, max_bytes=None),
+                      levels=(DiskConfig(path=str(tmp_path)),))
+    with CacheManager(cfg) as m:
+        m.put_many([(i, i) for i in range(10)])
+        got = [m.get(r) for r in prefetching(range(10), key=lambda r: r, cache=m, depth=4,
+                                            ts=lambda r: big if r == 9 else 2**64 + r)]
+        assert got == list(range(10))
+
+
+@pytest.mark.parametrize("huge", [10**400, -(10**309)])
+def test_hint_ts_past_the_largest_float_is_a_value_error_naming_ts(tmp_path, huge):
+    with CacheManager(_disk(tmp_path, prefetch=PrefetchConfig(hot_threshold=16))) as m:
+        m.put("k", 1)
+        for call in (lambda: m.hint("k", huge), lambda: m.hint("absent", huge),
+                     lambda: m.namespace("n").hint("k", huge)):
+            with pytest.raises(ValueError, match="ts must fit a float"):
+                call()
+        m.hint("k", int(sys.float_info.max))
