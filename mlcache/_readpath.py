@@ -179,7 +179,11 @@ def event_time(ts: Any) -> float:
     if isinstance(ts, bool) or not isinstance(ts, numbers.Real):
         raise TypeError(f"ts must be a real number (an event time), got {type(ts).__name__} "
                         f"{ts!r}")
-    t = float(ts)
+    try:
+        t = float(ts)
+    except OverflowError:  # an int (or Fraction) past the largest float
+        raise ValueError(f"ts must fit a float (an event time), got a number of "
+                         f"{ts.bit_length() if isinstance(ts, int) else '?'} bits") from None
     if t != t:
         raise ValueError("ts must not be NaN")
     return t

@@ -21,7 +21,8 @@ def tac_cache(tmp_path):
 
 
 BAD = [("x", TypeError), (None, None), (True, TypeError), ([1], TypeError),
-       (float("nan"), ValueError), (np.float64("nan"), ValueError)]
+       (float("nan"), ValueError), (np.float64("nan"), ValueError),
+       (10**400, ValueError)]  # past the largest float: was a bare OverflowError
 
 
 @pytest.mark.parametrize("ts,error", [b for b in BAD if b[1]])
