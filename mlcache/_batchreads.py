@@ -26,14 +26,13 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._hints import HintBuffer
 
 if TYPE_CHECKING:
-    from .prefetch import Prefetcher, _Window
+    from .prefetch import Prefetcher
 
 __all__ = ["BatchReads"]
 
@@ -47,66 +46,52 @@ class BatchReads:
     """Mixin for Prefetcher: the fetch threads, inline batches and the choice between them,
     the sweep for wasted prefetches. Uses the prefetcher's lock, buffer and statistics."""
 
-    config: Any
+    _cold: Any   # prefetch._Cold: the state no per-record path reads
     counters: dict[str, int]
     watermark: float
     inline: bool
-    staged_max_bytes: int
-    staged_max_keys: int
-    fetch_latency: _Window
-    batch_latency: _Window
     _mref: Callable[[], Any]
-    _pid: int
     _lock: threading.Lock
     _cond: threading.Condition
     _buffer: HintBuffer
-    _threads: list[threading.Thread]
     _closed: bool
     _demand: int
     _policy_hints: bool
     _landed: dict[bytes, float]
     _failed: dict[bytes, BaseException]
     _used_inflight: set[bytes]
-    _last_sweep: float
-    _backlog: deque[int]
     _staged: dict[bytes, tuple[bytes, float, float, int]]
     _staged_bytes: int
     _staged_later: dict[bytes, float]
-    _consumers: weakref.WeakSet[Any]
-    _wait_s: float | None
-    _cpu_s: float | None
-    _gap_s: float | None
-    _waits: deque[float]
-    _probing: bool
-    _last_inline_end: tuple[float, float] | None
-    _on_cpu: float | None
     _thread_batches: int
     _fetch_staged: Callable[[Any, list[tuple[bytes, float, float]], float], None]
 
     # -- fetch threads ----------------------------------------------------------------------
 
     def _ensure_threads(self) -> None:
-        if len(self._threads) >= self.config.fetch_threads or self._closed:
+        cold = self._cold
+        if len(cold._threads) >= cold.config.fetch_threads or self._closed:
             return
         with self._lock:
-            while len(self._threads) < self.config.fetch_threads:
+            threads = cold._threads
+            while len(threads) < cold.config.fetch_threads:
                 t = threading.Thread(target=_fetch_loop, args=(weakref.ref(self),),
-                                     name=f"mlcache-prefetch-{len(self._threads)}", daemon=True)
-                self._threads.append(t)
+                                     name=f"mlcache-prefetch-{len(threads)}", daemon=True)
+                threads.append(t)
                 t.start()
 
     def _next_batch(self) -> list[tuple[bytes, float, float]] | None:
         """Block until a batch is available; ``None`` when the fetcher should exit."""
-        lateness = self.config.lateness or 0.0
+        lateness = self._cold.config.lateness or 0.0
         with self._cond:
             while True:
-                if self._closed or self._pid != os.getpid():
+                if self._closed or self._cold._pid != os.getpid():
                     return None
                 if self._buffer.pending and not self._demand and not self._thread_idle():
-                    batch, late = self._buffer.take(self.config.batch_size,
+                    batch, late = self._buffer.take(self._cold.config.batch_size,
                                                     self.watermark - lateness)
                     self.counters["dropped_late"] += late
-                    self._backlog.append(len(self._buffer.pending))
+                    self._cold._backlog.append(len(self._buffer.pending))
                     if batch:
                         return batch
                     continue
@@ -116,16 +101,17 @@ class BatchReads:
 
     def _thread_idle(self) -> bool:
         """Lock held: whether fetch threads should take no batch now."""
-        if (self.inline or self._probing) and self._consumers:
+        if (self.inline or self._cold._probing) and self._cold._consumers:
             return True      # the operator reads batches itself
-        return bool(self._consumers) and (self._staged_bytes >= self.staged_max_bytes
-                                          or len(self._staged) >= self.staged_max_keys)
+        cold = self._cold
+        return bool(cold._consumers) and (self._staged_bytes >= cold.staged_max_bytes
+                                          or len(self._staged) >= cold.staged_max_keys)
 
     def _fetch(self, batch: list[tuple[bytes, float, float]], inline: bool = False) -> None:
         m = self._mref()
         keys = [kb for kb, _, _ in batch]
         t_start = time.perf_counter()
-        if not inline and self._consumers and m is not None:
+        if not inline and self._cold._consumers and m is not None:
             self._fetch_staged(m, batch, t_start)
             return
         cpu0 = time.thread_time() if inline else 0.0
@@ -164,7 +150,7 @@ class BatchReads:
             self.counters["batches"] += 1
             if inline:
                 self.counters["inline_batches"] += 1
-            self.batch_latency.add(now - t_start)
+            self._cold.batch_latency.add(now - t_start)
             if error is not None:
                 self._buffer.done(keys)
                 self.counters["failures"] += 1
@@ -191,14 +177,14 @@ class BatchReads:
                         # latency and the slack are measured from the read's start (else the
                         # depth controller would see a latency growing with the depth).
                         t0 = t_start
-                    self.fetch_latency.add(now - t0)
+                    self._cold.fetch_latency.add(now - t0)
                     if not was_used:
                         self._landed[kb] = t0
             self.counters["prefetched"] += len(loaded)
             later = self._finish(keys)       # after _landed: see note_use's fast path
         if later:
             self._hint_later(m, later)
-        if now - self._last_sweep > _SWEEP_INTERVAL:
+        if now - self._cold._last_sweep > _SWEEP_INTERVAL:
             self._sweep(m)
 
     def _finish(self, keys: list[bytes]) -> list[tuple[bytes, float]]:
@@ -234,7 +220,7 @@ class BatchReads:
         m = m if m is not None else self._mref()
         if m is None:
             return
-        self._last_sweep = time.perf_counter()
+        self._cold._last_sweep = time.perf_counter()
         with self._lock:
             keys = list(self._landed)
         gone = [kb for kb in keys if not m._resident(kb)]
@@ -252,10 +238,11 @@ class BatchReads:
         Then the fetch latency is mostly queueing, and a deeper read-ahead only lengthens the
         queue (and the time prefetched entries wait in the heap).
         """
-        b = self._backlog
+        b = self._cold._backlog
         if len(b) < 8:
             return False
-        return sorted(b)[len(b) // 2] >= self.config.batch_size * self.config.fetch_threads
+        cfg = self._cold.config
+        return sorted(b)[len(b) // 2] >= cfg.batch_size * cfg.fetch_threads
 
     # -- inline batches and the choice of where batches are read ------------------------
 
@@ -270,23 +257,23 @@ class BatchReads:
         buf = self._buffer
         probe = not self.inline
         if probe and (self._thread_batches < _PROBE_EVERY or buf.inflight
-                      or self.config.fetch_mode != "auto"):
+                      or self._cold.config.fetch_mode != "auto"):
             return False     # a probe waits until the fetch threads are between batches
         if len(buf.pending) < threshold or self._closed:
             return False
-        lateness = self.config.lateness or 0.0
+        lateness = self._cold.config.lateness or 0.0
         with self._lock:
-            batch, late = buf.take(self.config.batch_size, self.watermark - lateness, head)
+            batch, late = buf.take(self._cold.config.batch_size, self.watermark - lateness, head)
             self.counters["dropped_late"] += late
             self._thread_batches = 0
-            self._probing = probe   # threads take no batch meanwhile: the measure stays clean
+            self._cold._probing = probe  # threads take no batch meanwhile: the measure stays clean
         try:
             if batch:
                 self._fetch(batch, inline=True)
         finally:
             if probe:
                 with self._cond:
-                    self._probing = False
+                    self._cold._probing = False
                     self._cond.notify_all()
         return bool(batch)
 
@@ -306,20 +293,21 @@ class BatchReads:
         batches (CPU time against wall time) and taken out of the batch's wait.
         """
         a = 0.25
+        cold = self._cold
         wall, cpu = end - start, cpu1 - cpu0
-        last = self._last_inline_end
-        self._last_inline_end = (end, cpu1)
+        last = cold._last_inline_end
+        cold._last_inline_end = (end, cpu1)
         if last is not None:
             gap_wall, gap_cpu = start - last[0], cpu0 - last[1]
             if gap_wall > 0:
                 r = min(1.0, max(0.05, gap_cpu / gap_wall))
-                self._on_cpu = r if self._on_cpu is None else self._on_cpu + a * (r - self._on_cpu)
+                cold._on_cpu = r if cold._on_cpu is None else cold._on_cpu + a * (r - cold._on_cpu)
             gap = end - last[0]
-            self._gap_s = gap if self._gap_s is None else self._gap_s + a * (gap - self._gap_s)
-        wait = max(0.0, wall - cpu / (self._on_cpu or 1.0))
-        self._cpu_s = cpu if self._cpu_s is None else self._cpu_s + a * (cpu - self._cpu_s)
-        waits = self._waits
-        if self._gap_s is None or self.config.fetch_mode != "auto":
+            cold._gap_s = gap if cold._gap_s is None else cold._gap_s + a * (gap - cold._gap_s)
+        wait = max(0.0, wall - cpu / (cold._on_cpu or 1.0))
+        cold._cpu_s = cpu if cold._cpu_s is None else cold._cpu_s + a * (cpu - cold._cpu_s)
+        waits = cold._waits
+        if cold._gap_s is None or cold.config.fetch_mode != "auto":
             waits.append(wait)
             return
         if self.inline:
@@ -330,17 +318,17 @@ class BatchReads:
             if len(waits) < 4:
                 return
             w = min(waits)
-            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
+            inline = w <= _INLINE_WAIT_SHARE * cold._gap_s
         else:
             # a probe (fetch threads paused): back inline as soon as a batch waits little
             w = wait
-            inline = w <= _INLINE_WAIT_SHARE * self._gap_s
+            inline = w <= _INLINE_WAIT_SHARE * cold._gap_s
             if inline:
                 waits.clear()
                 waits.append(wait)
-        self._wait_s = w
+        cold._wait_s = w
         if not inline:
-            self._last_inline_end = None     # the next inline batch is a probe, not the next
+            cold._last_inline_end = None  # the next inline batch is a probe, not the next
         if inline != self.inline:
             self.inline = inline
             if not inline:

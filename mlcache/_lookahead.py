@@ -368,8 +368,8 @@ class Lookahead(Iterator[Any]):
             cap = self._max_waiting or max(64, len(getattr(self._m, "_data", ())) // 2)
             # Read inline, a batch is cheap only when full: keep room for one to fill while
             # the one before is used (two batches' worth of records), the memory cap allowing.
-            ctl.min_depth = min(2 * pf.config.batch_size, max(4, cap)) if pf.inline else 4
-            ctl.update(pf.fetch_latency.recent(256), not pf.saturated and held < cap)
+            ctl.min_depth = min(2 * pf._cold.config.batch_size, max(4, cap)) if pf.inline else 4
+            ctl.update(pf._cold.fetch_latency.recent(256), not pf.saturated and held < cap)
             if held:
                 # held keys grow about linearly with the records read ahead: stay where they
                 # would fit the cap

@@ -22,16 +22,12 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._batchreads import _FAILED_MAX
 from ._hints import HintBuffer
 from ._readpath import _Load
-
-if TYPE_CHECKING:
-    from .prefetch import _Window
 
 __all__ = ["StagedReads"]
 
@@ -43,8 +39,7 @@ class StagedReads:
     operator's thread. Uses the prefetcher's lock, buffer and statistics."""
 
     counters: dict[str, int]
-    fetch_latency: _Window
-    batch_latency: _Window
+    _cold: Any   # prefetch._Cold: the state no per-record path reads
     _mref: Callable[[], Any]
     _lock: threading.Lock
     _cond: threading.Condition
@@ -57,7 +52,6 @@ class StagedReads:
     _staged_bytes: int
     _staged_later: dict[bytes, float]
     _stage_later: Callable[[bytes, float], None]
-    _consumers: weakref.WeakSet[Any]
     _thread_batches: int
     _thread_idle: Callable[[], bool]
     _finish: Callable[[list[bytes]], list[tuple[bytes, float]]]
@@ -66,13 +60,13 @@ class StagedReads:
     def attach(self, operator: Any) -> None:
         """A lookahead operator will install staged reads and may read batches itself."""
         with self._cond:
-            self._consumers.add(operator)
+            self._cold._consumers.add(operator)
 
     def detach(self, operator: Any) -> None:
         """The operator is done; with no operator left, staged reads have nobody to wait for."""
         with self._cond:
-            self._consumers.discard(operator)
-            if self._consumers:
+            self._cold._consumers.discard(operator)
+            if self._cold._consumers:
                 return
             self.counters["staged_dropped"] += len(self._staged)
             self._staged.clear()
@@ -163,7 +157,7 @@ class StagedReads:
             self.counters["batches"] += 1
             self.counters["staged"] += staged
             self._thread_batches += 1
-            self.batch_latency.add(now - t_start)
+            self._cold.batch_latency.add(now - t_start)
             if error is not None:
                 self.counters["failures"] += 1
                 if len(self._failed) + len(keys) > _FAILED_MAX:
@@ -187,7 +181,7 @@ class StagedReads:
         now = time.perf_counter()
         with self._lock:
             for kb in loaded:
-                self.fetch_latency.add(now - meta[kb][1])
+                self._cold.fetch_latency.add(now - meta[kb][1])
                 if kb not in self._used_inflight:
                     self._landed[kb] = meta[kb][1]
             self.counters["prefetched"] += len(loaded)
@@ -290,7 +284,7 @@ class StagedReads:
         now = time.perf_counter()
         with self._lock:
             for kb, t0 in installed:
-                self.fetch_latency.add(now - t0)
+                self._cold.fetch_latency.add(now - t0)
                 if not used:
                     self._landed[kb] = t0
             self.counters["prefetched"] += len(installed)

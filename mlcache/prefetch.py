@@ -141,6 +141,46 @@ def quantile(data: list[float], q: float) -> float | None:
     return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
 
 
+class _Cold:
+    """The prefetcher's state that the per-record paths (``hint``, ``note_use``, ``pump``)
+    read at most once a batch: settings, staging bounds, latency windows, fork and thread
+    bookkeeping, and the inline-batch measures.
+
+    Kept apart so that a prefetcher has few attributes: CPython 3.11 keeps an object's
+    attributes in a compact array read at a fixed offset only while its class's instances have
+    fewer than 30 attribute names; past that they all live in a dict and every ``self._x`` on
+    the hint and use paths is a hashed lookup (LOAD_ATTR_WITH_HINT instead of
+    LOAD_ATTR_INSTANCE_VALUE). With its mixins' state the prefetcher had 42.
+    ``tests/test_prefetch.py`` keeps the count down: put new state here unless a per-record
+    path reads it."""
+
+    __slots__ = ("config", "staged_max_bytes", "staged_max_keys", "slack", "fetch_latency",
+                 "batch_latency", "_pid", "_threads", "_consumers", "_last_sweep", "_backlog",
+                 "_hot_mark", "_hot_windows", "_wait_s", "_cpu_s", "_gap_s", "_on_cpu", "_waits",
+                 "_probing", "_last_inline_end")
+
+    config: Any                       # the manager's PrefetchConfig
+    staged_max_bytes: int             # staged bytes past which fetch threads take no batch
+    staged_max_keys: int              # likewise for staged keys
+    slack: _Window                    # hint-to-use time of prefetched keys
+    fetch_latency: _Window            # hint-to-landing time of prefetched keys
+    batch_latency: _Window            # wall time of a batch read
+    _pid: int                         # the process the threads and locks belong to
+    _threads: list[threading.Thread]  # the fetch threads
+    _consumers: "weakref.WeakSet[Any]"  # the lookahead operators attached
+    _last_sweep: float                # perf_counter of the last sweep of stale landings
+    _backlog: deque[int]              # keys left queued after each take
+    _hot_mark: tuple[int, int]        # (hints, dropped_hot) at the hot-filter window's start
+    _hot_windows: int                 # hot-filter windows judged since construction
+    _wait_s: float | None             # EWMA of an inline batch's wall time not on CPU
+    _cpu_s: float | None              # EWMA of an inline batch's CPU time
+    _gap_s: float | None              # EWMA of the time between two inline batches
+    _on_cpu: float | None             # EWMA share of the loop's wall time on CPU
+    _waits: deque[float]              # recent inline batches' waits
+    _probing: bool                    # an inline probe batch is being read
+    _last_inline_end: tuple[float, float] | None   # (wall, thread CPU) time
+
+
 class Prefetcher(BatchReads, StagedReads):
     """The manager's prefetch engine: hint buffer, hot-key filter, fetch threads, statistics.
 
@@ -148,7 +188,8 @@ class Prefetcher(BatchReads, StagedReads):
     mixins (``mlcache._batchreads.BatchReads``, ``mlcache._staging.StagedReads``)."""
 
     def __init__(self, manager: Any) -> None:
-        self.config = manager.config.prefetch
+        cold = self._cold = _Cold()
+        cold.config = cfg = manager.config.prefetch
         self._mref = weakref.ref(manager)
         self._filter = _make_filter(manager)
         # a policy without its own hint (LRU, CLOCK) gains nothing from being told
@@ -158,23 +199,56 @@ class Prefetcher(BatchReads, StagedReads):
         # Staged bytes wait outside the heap's accounting: bound them (fetch threads take no
         # new batch while the bound is reached; the operator drains them every record).
         heap = manager.config.heap
-        cfg = self.config
-        self.staged_max_bytes = (max(256 << 10, heap.max_bytes // 16)
+        cold.staged_max_bytes = (max(256 << 10, heap.max_bytes // 16)
                                  if heap is not None and heap.max_bytes else 16 << 20)
-        self.staged_max_keys = max(4 * cfg.batch_size * cfg.fetch_threads,
+        cold.staged_max_keys = max(4 * cfg.batch_size * cfg.fetch_threads,
                                    heap.max_entries // 8
                                    if heap is not None and heap.max_entries else 0)
         self._reset()
+
+    # the prefetch settings, the staging bounds and the latency windows, kept in _cold
+    @property
+    def config(self) -> Any:
+        return self._cold.config
+
+    @property
+    def staged_max_bytes(self) -> int:
+        return self._cold.staged_max_bytes
+
+    @staged_max_bytes.setter
+    def staged_max_bytes(self, value: int) -> None:
+        self._cold.staged_max_bytes = value
+
+    @property
+    def staged_max_keys(self) -> int:
+        return self._cold.staged_max_keys
+
+    @staged_max_keys.setter
+    def staged_max_keys(self, value: int) -> None:
+        self._cold.staged_max_keys = value
+
+    @property
+    def slack(self) -> _Window:
+        return self._cold.slack
+
+    @property
+    def fetch_latency(self) -> _Window:
+        return self._cold.fetch_latency
+
+    @property
+    def batch_latency(self) -> _Window:
+        return self._cold.batch_latency
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def _reset(self) -> None:
         """(Re)build every per-process piece: called at construction and after a fork."""
-        self._pid = os.getpid()
+        cold = self._cold
+        cold._pid = os.getpid()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._buffer = HintBuffer()
-        self._threads: list[threading.Thread] = []
+        cold._threads = []
         self._closed = False
         self._demand = 0
         self._landed: dict[bytes, float] = {}      # prefetched, not yet used -> t_hint
@@ -184,7 +258,7 @@ class Prefetcher(BatchReads, StagedReads):
             m._pf_landed = self._landed  # the manager's get path tells us of their first use
         self._failed: dict[bytes, BaseException] = {}
         self._used_inflight: set[bytes] = set()     # used (late) while their fetch ran
-        self._last_sweep = time.perf_counter()
+        cold._last_sweep = time.perf_counter()
         self.watermark = -math.inf
         self.depth: int | None = None              # set by the lookahead operator
         self.counters = dict.fromkeys(
@@ -193,12 +267,12 @@ class Prefetcher(BatchReads, StagedReads):
              "staged", "staged_dropped", "hot_filter_off"), 0)
         self._hot = self._filter                   # the filter while it is on, else None
         self._hot_tick = self.HOT_WINDOW          # hints left in the current window
-        self._hot_mark = (0, 0)                   # (hints, dropped_hot) at its start
-        self._hot_windows = 0                      # windows judged since construction
-        self.slack = _Window()
-        self.fetch_latency = _Window()
-        self.batch_latency = _Window()
-        self._backlog: deque[int] = deque(maxlen=64)   # keys left queued after each take
+        cold._hot_mark = (0, 0)
+        cold._hot_windows = 0
+        cold.slack = _Window()
+        cold.fetch_latency = _Window()
+        cold.batch_latency = _Window()
+        cold._backlog = deque(maxlen=64)
         # Staged: read by a fetch thread, not yet decoded nor in the heap (kb -> raw bytes, the
         # hint's ts, the first hint's wall time, wseq when the bytes were known exact). The
         # lookahead operators attached (``attach``) install them from their own thread.
@@ -207,26 +281,23 @@ class Prefetcher(BatchReads, StagedReads):
         # staged keys hinted again for a later time: installs are ordered by a staged read's
         # first expected use (its own ts), and the policy is told the latest one
         self._staged_later: dict[bytes, float] = {}
-        self._consumers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        cold._consumers = weakref.WeakSet()
         # Where batches are read: by an attached operator itself ("inline": the reads do not
         # wait, so a thread would only contend for the GIL) or by the fetch threads.
-        self.inline = self.config.fetch_mode != "threads"
-        self._wait_s: float | None = None    # EWMA of an inline batch's wall time not on CPU
-        self._cpu_s: float | None = None     # EWMA of an inline batch's CPU time
-        self._gap_s: float | None = None     # EWMA of the time between two inline batches
-        self._waits: deque[float] = deque(maxlen=16)   # recent inline batches' waits
-        self._probing = False
-        self._last_inline_end: tuple[float, float] | None = None   # (wall, thread CPU) time
-        self._on_cpu: float | None = None    # EWMA share of the loop's wall time on CPU
+        self.inline = cold.config.fetch_mode != "threads"
+        cold._wait_s = cold._cpu_s = cold._gap_s = cold._on_cpu = None
+        cold._waits = deque(maxlen=16)
+        cold._probing = False
+        cold._last_inline_end = None
         self._thread_batches = 0             # thread batches since the last inline probe
 
     def _check_fork(self) -> None:
-        if self._pid != os.getpid():
+        if self._cold._pid != os.getpid():
             self._reset()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the fetch threads and forget queued hints (the manager calls it from close)."""
-        if self._pid != os.getpid():
+        if self._cold._pid != os.getpid():
             self._reset()
         with self._cond:
             self._closed = True
@@ -236,10 +307,10 @@ class Prefetcher(BatchReads, StagedReads):
             self._staged_bytes = 0
             self._cond.notify_all()
         me = threading.current_thread()
-        for t in self._threads:
+        for t in self._cold._threads:
             if t is not me:
                 t.join(timeout)
-        self._threads = []
+        self._cold._threads = []
 
     stop = close
 
@@ -301,14 +372,14 @@ class Prefetcher(BatchReads, StagedReads):
         if self._hot is None:            # off period over: run (and measure) one window
             self._hot = f
         else:
-            hints = c["hints"] - self._hot_mark[0]
-            share = (c["dropped_hot"] - self._hot_mark[1]) / hints if hints else 1.0
-            self._hot_windows += 1
-            if self._hot_windows > self.HOT_WARMUP and share < self.HOT_MIN_SHARE:
+            hints = c["hints"] - self._cold._hot_mark[0]
+            share = (c["dropped_hot"] - self._cold._hot_mark[1]) / hints if hints else 1.0
+            self._cold._hot_windows += 1
+            if self._cold._hot_windows > self.HOT_WARMUP and share < self.HOT_MIN_SHARE:
                 self._hot = None
                 self._hot_tick = self.HOT_WINDOW * self.HOT_OFF_WINDOWS
                 c["hot_filter_off"] += 1
-        self._hot_mark = (c["hints"], c["dropped_hot"])
+        self._cold._hot_mark = (c["hints"], c["dropped_hot"])
 
     def submit(self, kb: bytes, ts: float) -> str:
         """Entry from ``CacheManager.hint`` for a key that is not resident: queue it."""
@@ -321,9 +392,9 @@ class Prefetcher(BatchReads, StagedReads):
         return self._enqueue(kb, ts)
 
     def _enqueue(self, kb: bytes, ts: float) -> str:
-        if self._pid != os.getpid():
+        if self._cold._pid != os.getpid():
             self._reset()
-        lateness = self.config.lateness or 0.0
+        lateness = self._cold.config.lateness or 0.0
         buf = self._buffer
         with self._cond:
             if ts < self.watermark - lateness:
@@ -344,7 +415,7 @@ class Prefetcher(BatchReads, StagedReads):
                     # (waking a thread that will find nothing to take costs the record loop a
                     # GIL hand-off per hint)
                     self._cond.notify()
-        if len(self._threads) < self.config.fetch_threads:
+        if len(self._cold._threads) < self._cold.config.fetch_threads:
             self._ensure_threads()
         return "queued"
 
@@ -357,7 +428,7 @@ class Prefetcher(BatchReads, StagedReads):
         Keys hinted with a bare ``manager.hint`` are accounted here; a get of the key the
         lookahead operator just reported (its record's own get) is not counted twice.
         """
-        if self._pid != os.getpid() or self._closed:
+        if self._cold._pid != os.getpid() or self._closed:
             return
         if kb != self._noted:
             self._use(kb, ts)
@@ -389,7 +460,7 @@ class Prefetcher(BatchReads, StagedReads):
                 t0 = staged[2]       # read in time; installed by this use's get (no I/O)
             self.counters["useful"] += 1
             s = time.perf_counter() - t0
-            self.slack.add(s)
+            self._cold.slack.add(s)
             return s
         now = time.perf_counter()
         with self._lock:
@@ -413,7 +484,7 @@ class Prefetcher(BatchReads, StagedReads):
                     # nobody later needs it: the demand fetch loads it; don't fetch it again
                     del buf.pending[kb]
             s = now - t0
-            self.slack.add(s)
+            self._cold.slack.add(s)
             return s
 
     def failure(self, kb: bytes) -> BaseException | None:
@@ -452,12 +523,12 @@ class Prefetcher(BatchReads, StagedReads):
             out["staged_now"] = len(self._staged)
             out["staged_bytes"] = self._staged_bytes
             out["mode"] = "inline" if self.inline else "threads"
-            out["inline_batch_ms"] = {"wait": ms(self._wait_s), "cpu": ms(self._cpu_s),
-                                      "between": ms(self._gap_s),
-                                      "on_cpu": self._on_cpu}
-            slack = list(self.slack._d)
-            lat = list(self.fetch_latency._d)
-            blat = list(self.batch_latency._d)
+            out["inline_batch_ms"] = {"wait": ms(self._cold._wait_s), "cpu": ms(self._cold._cpu_s),
+                                      "between": ms(self._cold._gap_s),
+                                      "on_cpu": self._cold._on_cpu}
+            slack = list(self._cold.slack._d)
+            lat = list(self._cold.fetch_latency._d)
+            blat = list(self._cold.batch_latency._d)
         out["slack_ms"] = {"p1": ms(quantile(slack, 0.01)), "p50": ms(quantile(slack, 0.5)),
                            "p99": ms(quantile(slack, 0.99))}
         out["fetch_latency_ms"] = {"p50": ms(quantile(lat, 0.5)), "p99": ms(quantile(lat, 0.99))}

@@ -375,7 +375,7 @@ def test_close_stops_fetch_threads_and_stats_are_exposed(tmp_path):
         m.hint(i, i)
     p = _prefetcher(m)
     _wait_idle(p)
-    threads = list(p._threads)
+    threads = list(p._cold._threads)
     st = m.stats()["prefetch"]
     for name in ("hints", "sent", "dropped_hot", "dropped_late", "useful", "wasted", "late",
                  "slack_ms", "fetch_latency_ms", "depth", "pending", "inflight"):
@@ -432,14 +432,14 @@ def test_fetch_threads_are_rebuilt_after_fork(redis_url):
                 m.hint(5, 0)
                 child = m._prefetcher
                 _wait_idle(child)
-                alive = [t for t in child._threads if t.is_alive()]
+                alive = [t for t in child._cold._threads if t.is_alive()]
                 if child is not parent and alive and m._resident(m._encode_key(5)):
                     code = 0
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.WEXITSTATUS(status) == 0
-        assert all(t.is_alive() for t in parent._threads)   # the parent's are untouched
+        assert all(t.is_alive() for t in parent._cold._threads)   # the parent's are untouched
     finally:
         m.close()
 
@@ -899,3 +899,31 @@ def test_a_key_that_fails_to_encode_otherwise_still_names_its_record(tmp_path):
             next(it)
         assert info.value.index == 2 and isinstance(info.value.__cause__, TypeError)
         assert "nested more than" in str(info.value)
+
+
+def test_the_prefetcher_keeps_its_attributes_inline(tmp_path):
+    # CPython 3.11 reads an object's attributes at a fixed offset only while its class's
+    # instances have fewer than 30 attribute names (counted over all of them); past that every
+    # ``self._x`` on the hint and use paths (once or twice per record) is a dict lookup
+    # (LOAD_ATTR_WITH_HINT). State those paths do not read lives in Prefetcher._cold (it had
+    # 42 names): keep new attributes there, or this low.
+    names: set[str] = set()
+    for mode in ("inline", "threads", "auto"):
+        cfg = _disk_config(tmp_path / mode, None, entries=60, policy="tac", hot_threshold=16,
+                           fetch_mode=mode)
+        _fill(cfg, [(i, i) for i in range(300)])
+        with CacheManager(cfg) as m:
+            records = [(i * 7) % 300 if i % 3 else i % 10 for i in range(2000)]
+            got = [m.get(r) for r in prefetching(records, key=lambda r: r,
+                                                  ts=lambda r: float(r), cache=m, depth=16)]
+            assert got == records
+            p = _prefetcher(m)
+            m.hint(5, ts=1e9)
+            m.hint(299, ts=1e9)
+            assert m.get(299) == 299
+            stats = p.stats()
+            assert stats["hints"] >= 2000 and stats["mode"] in ("inline", "threads")
+            assert p.config is cfg.prefetch and p.staged_max_keys > 0 < p.staged_max_bytes
+            assert len(p.slack) <= 2048 and len(p.fetch_latency) <= len(p.batch_latency) + 2048
+            names.update(vars(p))   # (vars() makes the dict: only after the work above)
+    assert len(names) <= 27, sorted(names)
