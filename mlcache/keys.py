@@ -12,6 +12,8 @@ from typing import Any, Hashable
 
 import msgpack
 
+from mlcache.errors import IntegrityError
+
 __all__ = ["SEP", "check_key", "encode_key", "decode_key", "namespace_prefix", "split_key"]
 
 SEP = b"\x1f"
@@ -42,13 +44,30 @@ def _norm(x: Any) -> Any:
     return x
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _TUPLE:
-        return tuple(msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, use_list=False,
-                                     strict_map_key=False))
-    if code == _BIGINT:
-        return int(data.decode("ascii"))
-    return msgpack.ExtType(code, data)
+class _TooDeep(Exception):
+    pass
+
+
+def _hook_at(depth: int) -> Any:
+    # The hook that decodes a tuple found ``depth`` levels down. Each level is one nested
+    # msgpack call with a large C frame, so the depth is bounded here, before the C stack is:
+    # 938 bytes of tuples nested 200 deep (written before keys were bounded, or by anyone
+    # with access to the store) killed the process with a segfault in keys().
+    def hook(code: int, data: bytes) -> Any:
+        if code == _TUPLE:
+            if depth > MAX_KEY_DEPTH:
+                raise _TooDeep
+            return tuple(msgpack.unpackb(data, ext_hook=_HOOKS[depth], raw=False,
+                                         use_list=False, strict_map_key=False))
+        if code == _BIGINT:
+            return int(data.decode("ascii"))
+        return msgpack.ExtType(code, data)
+    return hook
+
+
+# _HOOKS[d] decodes the tuples found inside a tuple at depth d (0: the key itself)
+_HOOKS = [_hook_at(d + 1) for d in range(MAX_KEY_DEPTH + 1)]
+_ext_hook = _HOOKS[0]
 
 
 def check_key(key: Any) -> None:
@@ -92,8 +111,16 @@ def encode_key(key: Hashable) -> bytes:
 
 
 def decode_key(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, use_list=False,
-                           strict_map_key=False)
+    """The user key of ``encode_key``'s bytes; ``IntegrityError`` if they are not such bytes."""
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, use_list=False,
+                               strict_map_key=False)
+    except _TooDeep:
+        why = f"tuples nested more than {MAX_KEY_DEPTH} deep"
+    except (ValueError, TypeError, UnicodeDecodeError, msgpack.UnpackException) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    raise IntegrityError(f"stored key bytes {bytes(data[:40])!r}{'...' if len(data) > 40 else ''} "
+                         f"are not a valid mlcache key ({why})") from None
 
 
 def namespace_prefix(namespace: str) -> bytes:

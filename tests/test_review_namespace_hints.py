@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 
+import msgpack
 import pytest
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig
-from mlcache.errors import CacheError, ConfigError
+from mlcache.errors import CacheError, ConfigError, IntegrityError
 from mlcache.keys import MAX_KEY_DEPTH, check_key, decode_key, encode_key
 from mlcache.prefetch import RecordKeyError, prefetching
 
@@ -162,3 +163,47 @@ def test_hint_ts_past_the_largest_float_is_a_value_error_naming_ts(tmp_path, hug
             with pytest.raises(ValueError, match="ts must fit a float"):
                 call()
         m.hint("k", int(sys.float_info.max))
+
+
+def _deep_key_bytes(depth):
+    # the bytes of a tuple key ``depth`` deep, built without recursion, as a version before the
+    # bound (or any other writer with access to the store) could have left them
+    data = msgpack.packb("leaf")
+    for _ in range(depth):
+        data = msgpack.packb(msgpack.ExtType(1, b"\x91" + data))
+    return data
+
+
+@pytest.mark.parametrize("depth", [MAX_KEY_DEPTH + 1, 200, 5000])
+def test_stored_key_nested_past_the_limit_is_an_integrity_error_not_a_segfault(tmp_path, depth):
+    """938 bytes of a key nested 200 deep, found in a level, killed the process with a segfault
+    in keys() (msgpack's nested unpackb calls on the C stack); it is now an IntegrityError
+    naming the bytes, and a key at the limit still decodes."""
+    assert decode_key(_deep_key_bytes(MAX_KEY_DEPTH)) == _nested_plain(MAX_KEY_DEPTH)
+    with pytest.raises(IntegrityError, match=f"nested more than {MAX_KEY_DEPTH} deep"):
+        decode_key(_deep_key_bytes(depth))
+    with CacheManager(_disk(tmp_path)) as m:
+        m.put("fine", 1)
+        m.flush()
+        level = m._levels[0]
+        level.put(m._prefix + _deep_key_bytes(depth), b"")
+        with pytest.raises(IntegrityError, match="not a valid mlcache key"):
+            list(m.keys())
+        assert m.get("fine") == 1
+
+
+def _nested_plain(depth):
+    key = "leaf"
+    for _ in range(depth):
+        key = (key,)
+    return key
+
+
+@pytest.mark.parametrize("data", [b"\xc1", b"\x92\x01", b"\xc7\x02\x02zz", b"\x01\x02",
+                                  b"\xa2\xff\xfe"])
+def test_corrupt_key_bytes_are_an_integrity_error_naming_them(data):
+    """Key bytes that do not parse raised msgpack's own errors (FormatError, ExtraData, or a
+    ValueError from int()), none of them an mlcache error saying a stored key was bad."""
+    with pytest.raises(IntegrityError, match="not a valid mlcache key") as info:
+        decode_key(data)
+    assert repr(data[:4])[2:-1] in str(info.value)
