@@ -481,13 +481,25 @@ class WriteBack:
         """Write everything buffered and every tombstone; raise if a level stays unavailable."""
         try:
             self._with_retries(self.flush_tombstones)   # may free room for the writes below
-            while len(self.buffer):
-                self._with_retries(self.drain_once)
-            self._with_retries(self.flush_tombstones)
+            while True:
+                while len(self.buffer):
+                    self._with_retries(self.drain_once)
+                self._with_retries(self.flush_tombstones)
+                # A writer thread may have taken the last batch after the loop above looked at
+                # the buffer; if that write failed, its entries are back in the buffer. Done
+                # only when, with no write in flight, nothing is queued or tombstoned.
+                if self._settled():
+                    break
         except Exception as exc:
             self.error = exc
             raise
         self.error = None
+
+    def _settled(self) -> bool:
+        """Whether nothing is queued or tombstoned while no write is in flight."""
+        with self.io_lock:
+            with self.lock:
+                return not len(self.buffer) and not self.tombstones
 
     def make_room(self) -> None:
         """Called by a put after the buffer outgrew ``buffer_max``: write until it fits."""
