@@ -2,13 +2,21 @@
 found, each against a real redis-server (a private one where the test stops it)."""
 from __future__ import annotations
 
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
 import pytest
 
 from mlcache import CacheConfig, CacheManager, HeapConfig, RedisConfig
 from mlcache._redis_server import RedisServer
 from mlcache.errors import LevelUnavailableError
+from mlcache.levels.redis import RedisLevel
 
 
 @pytest.fixture()
@@ -76,10 +84,72 @@ def test_flush_does_not_return_while_a_writer_batch_it_staged_fails(own_redis):
     assert not t.is_alive()
     assert "ok" not in outcome, "flush() returned though a batch it staged was not written"
     assert isinstance(outcome["error"], LevelUnavailableError)
-    # nothing lost: once Redis is back, a flush writes it
+    # nothing lost: once Redis is back (empty: it kept nothing), a flush writes the batch the
+    # writer had in flight
+    held = {m._kb(k): k for k in ("a", "b")}[writer_calls[0][0][0]]
     own_redis.start()
     wb.drain_once, level.put_many = real_drain, real_put
     m.flush()
     m.close()
     with CacheManager(config) as again:
-        assert again.get("b") == 2
+        assert again.get(held) == {"a": 1, "b": 2}[held]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is a process that exited (its parent has not reaped it)
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_an_embedded_server_does_not_outlive_a_process_that_never_closed(tmp_path):
+    # A manager left open at exit (no close(): an exception, a forgotten with) left its private
+    # redis-server running after the process ended, with its temporary directory, for good:
+    # the writer thread keeps the level alive, and nothing stopped the server at exit.
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        from mlcache import CacheConfig, CacheManager, HeapConfig, RedisConfig
+        m = CacheManager(CacheConfig(heap=HeapConfig(max_entries=10, max_bytes=None),
+                                     levels=(RedisConfig(url="embedded"),)))
+        for i in range(50):
+            m.put(i, i)
+        m.flush()
+        server = m._levels[0]._server
+        print(server.proc.pid, server.directory, flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    pid, directory = int(out[0]), out[1]
+    try:
+        for _ in range(100):
+            if not _alive(pid):
+                break
+            time.sleep(0.05)
+        assert not _alive(pid), "the embedded redis-server outlived its process"
+        assert not os.path.exists(directory)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_embedded_server_is_not_stopped_by_a_forked_child_exiting():
+    # the parent's server stays up when a child forked from it exits normally
+    level = RedisLevel(RedisConfig(url="embedded", prefix="fork"))
+    try:
+        level.put_many([(b"k", b"v")])
+        pid = os.fork()
+        if pid == 0:   # the child runs the exit hooks of a normal interpreter shutdown
+            code = 1
+            try:
+                code = 0 if level.get_many([b"k"]) == [b"v"] else 1
+                atexit._run_exitfuncs()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert level.get_many([b"k"]) == [b"v"]
+    finally:
+        level.close()
