@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import cloudpickle
 import msgpack
+from msgpack import ExtType, packb, unpackb
 
 from ._malloc import note_size
 from .errors import IntegrityError, SerializationError
@@ -56,38 +57,73 @@ class _Unsupported(Exception):
     """Raised inside msgpack's ``default`` hook: this value needs the pickle fallback."""
 
 
-def _pack_inner(obj: Any) -> bytes:
-    return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=True)
+# Tuples, sets and frozensets are ext types, each packed and unpacked by a nested msgpack
+# call whose unpacker keeps ~40 KB on the C stack: 200 levels of tuples were encoded, then
+# killed the process with a segfault when read (8 MB stack). Past this many levels the value is
+# pickled instead (Python's pickle bounds its own recursion), and decoding refuses deeper bytes.
+MAX_EXT_DEPTH = 100
 
 
-def _default(obj: Any) -> Any:
-    t = type(obj)
-    if t is tuple:
-        return msgpack.ExtType(_TUPLE, _pack_inner(list(obj)))
-    if t is set:
-        return msgpack.ExtType(_SET, _pack_inner(list(obj)))
-    if t is frozenset:
-        return msgpack.ExtType(_FROZENSET, _pack_inner(list(obj)))
-    if t is int:  # outside msgpack's 64-bit range
-        return msgpack.ExtType(_BIGINT, str(obj).encode("ascii"))
-    raise _Unsupported(t)
+class _TooDeep(_Unsupported):
+    """An ext type nested more than MAX_EXT_DEPTH deep: not for msgpack."""
+
+
+def _default_at(depth: int) -> Any:
+    # the ``default`` hook for the ext types found ``depth`` levels down (1: in the value)
+    def default(obj: Any) -> Any:
+        t = type(obj)
+        if t is tuple:
+            if depth > MAX_EXT_DEPTH:
+                raise _TooDeep(t)
+            return ExtType(_TUPLE, packb(list(obj), default=_DEFAULTS[depth],
+                                         use_bin_type=True, strict_types=True))
+        if t is set or t is frozenset:
+            if depth > MAX_EXT_DEPTH:
+                raise _TooDeep(t)
+            return ExtType(_SET if t is set else _FROZENSET,
+                           packb(list(obj), default=_DEFAULTS[depth], use_bin_type=True,
+                                 strict_types=True))
+        if t is int:  # outside msgpack's 64-bit range
+            return ExtType(_BIGINT, str(obj).encode("ascii"))
+        raise _Unsupported(t)
+    return default
+
+
+def _hook_at(depth: int) -> Any:
+    # the ``ext_hook`` for the ext types found ``depth`` levels down (1: in the value)
+    def hook(code: int, data: bytes) -> Any:
+        if code == _TUPLE:
+            if depth > MAX_EXT_DEPTH:
+                raise _too_deep()
+            return tuple(unpackb(data, ext_hook=_HOOKS[depth], raw=False,
+                                 strict_map_key=False, use_list=True))
+        if code == _SET or code == _FROZENSET:
+            if depth > MAX_EXT_DEPTH:
+                raise _too_deep()
+            items = unpackb(data, ext_hook=_HOOKS[depth], raw=False, strict_map_key=False,
+                            use_list=True)
+            return set(items) if code == _SET else frozenset(items)
+        if code == _BIGINT:
+            return int(data.decode("ascii"))
+        raise IntegrityError(f"unknown msgpack ext type {code}")
+    return hook
+
+
+def _too_deep() -> IntegrityError:
+    return IntegrityError(f"corrupt value bytes: tuples or sets nested more than "
+                          f"{MAX_EXT_DEPTH} deep")
+
+
+# index d: the hook for what is found inside an ext type at depth d (0: the value itself)
+_DEFAULTS = [_default_at(d + 1) for d in range(MAX_EXT_DEPTH + 1)]
+_HOOKS = [_hook_at(d + 1) for d in range(MAX_EXT_DEPTH + 1)]
+_default = _DEFAULTS[0]
+_ext_hook = _HOOKS[0]
 
 
 def _unpack_inner(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False,
                            use_list=True)
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _TUPLE:
-        return tuple(_unpack_inner(data))
-    if code == _SET:
-        return set(_unpack_inner(data))
-    if code == _FROZENSET:
-        return frozenset(_unpack_inner(data))
-    if code == _BIGINT:
-        return int(data.decode("ascii"))
-    raise IntegrityError(f"unknown msgpack ext type {code}")
 
 
 class Encoded:
@@ -329,6 +365,8 @@ class Codec:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, _TooDeep):
+        return f"{exc.args[0].__name__}s nested more than {MAX_EXT_DEPTH} deep"
     if isinstance(exc, _Unsupported):
         return f"unsupported type {exc.args[0].__name__}"
     return f"{type(exc).__name__}: {exc}"
