@@ -29,6 +29,7 @@ import re
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import redis
@@ -180,6 +181,13 @@ def _mget_packed(keys: Sequence[bytes]) -> bytes:
         len(keys) + 1, b"".join([b"$%d\r\n%b\r\n" % (len(k), k) for k in keys]))
 
 
+def _stop_server(server: Any, pid: int) -> None:
+    """Stop an embedded server, in the process that started it only (a forked child that
+    exits must not stop its parent's server)."""
+    if os.getpid() == pid:
+        server.cleanup()
+
+
 class RedisLevel:
     """A byte level on a Redis server (``url="embedded"``: a private server for this level)."""
 
@@ -202,6 +210,7 @@ class RedisLevel:
         self._pid: int | None = None
         self._server: Any = None        # mlcache._redis_server.RedisServer for "embedded"
         self._server_pid: int | None = None
+        self._server_stop: Any = None   # weakref.finalize stopping the server
         self._accounting_ready = False
         self._used_cache: tuple[float, int, float] | None = None   # (when, bytes, seconds taken)
         self._closed = False
@@ -231,8 +240,14 @@ class RedisLevel:
         if self._server is None:
             from .._redis_server import RedisServer
 
-            self._server = RedisServer().start()
+            if self._closed:   # (an error message of a call racing with close())
+                raise LevelUnavailableError("redis level is closed", level=self.name)
+            server = self._server = RedisServer().start()
             self._server_pid = os.getpid()
+            # Stopped by close(), or at the latest when this process exits: the writer thread
+            # keeps the level alive, so a manager never closed left its server running after
+            # the process ended, for good, with its directory.
+            self._server_stop = weakref.finalize(self, _stop_server, server, self._server_pid)
         return str(self._server.url)
 
     def _connect(self) -> redis.Redis:
@@ -606,6 +621,6 @@ class RedisLevel:
                     conn.disconnect()
             self._owned.clear()
             self._client = None
-            if self._server is not None and self._server_pid == os.getpid():
-                self._server.cleanup()
+            if self._server is not None:
+                self._server_stop()
             self._server = None
