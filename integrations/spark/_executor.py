@@ -22,7 +22,7 @@ import threading
 import uuid
 from typing import Any, Mapping
 
-from mlcache.config import CacheConfig
+from mlcache.config import ArenaConfig, CacheConfig
 from mlcache.errors import ConfigError
 
 from ._epochs import open_epoch_store
@@ -51,6 +51,11 @@ class WorkerContext:
         self.owner = f"{self.worker}:{uuid.uuid4().hex[:8]}"
         self.store = open_epoch_store(config)     # first: names redis.url / disk.path on failure
         self.manager = CacheManager(config)
+        # A flush writes the heap's dirty entries to the first level only. When that level is
+        # in this process's memory (an arena), it is not shared: the commit point must copy the
+        # state down to the shared level (a checkpoint), or the next owner reads older state.
+        self.flush_stays_local = bool(config.levels) and isinstance(config.levels[0],
+                                                                    ArenaConfig)
         self.held: dict[tuple[str, int], int] = {}
         self.namespaces: dict[tuple[str, int], set[str]] = {}
         self.lock = threading.Lock()
@@ -101,8 +106,23 @@ class WorkerContext:
 
 
 def drop_local(manager: Any, namespace: str) -> None:
-    """Forget this process's clean heap copies of ``namespace`` (dirty ones are newer than the
-    shared level and stay; at a partition start there are none, the previous run flushed)."""
+    """Forget this process's clean copies of ``namespace``: its heap copies and those of a
+    level in process memory (an arena), which ``invalidate_local`` leaves. Dirty ones are
+    newer than the shared level and stay; at a partition start there are none, the previous
+    run flushed (and copied down through an arena)."""
+    levels = manager.config.levels
+    if any(isinstance(lc, ArenaConfig) for lc in levels):
+        prefix = manager.namespace(namespace)._prefix
+        wb = manager._wb
+        for i, lc in enumerate(levels):
+            if not isinstance(lc, ArenaConfig):
+                continue
+            level = wb.levels[i]
+            with wb.io_lock:            # what copy_down holds: newer[i] and the level's keys
+                stale = [kb for kb in level.scan(prefix) if kb not in wb.newer[i]]
+                if stale:
+                    level.delete_many(stale)
+    # after the arena: the heap drop also forgets reads in flight, which may have read it
     manager.invalidate_local(namespace=namespace)
 
 

@@ -169,10 +169,14 @@ class _Run:
         are forwarded only once they are durable; a replay forwards them again (at least once
         downstream, exactly once in the state).
         """
+        manager = self.ctx.manager
         if completed and self.scope.batch_id is not None:
-            self.ctx.manager.checkpoint(checkpoint_id=self.scope.batch_id)
+            manager.checkpoint(checkpoint_id=self.scope.batch_id)
+        elif self.ctx.flush_stays_local:
+            # a flush would stop in this process's arena: copy down to the shared level
+            manager.checkpoint(checkpoint_id=manager.last_checkpoint_id)
         else:
-            self.ctx.manager.flush()
+            manager.flush()
         if completed and self.spec.listeners:
             forward_changes(self.target, _listener_calls(self.spec.listeners))
         if self.spec.collect_stats:
