@@ -497,9 +497,8 @@ class WriteBack:
 
     def _settled(self) -> bool:
         """Whether nothing is queued or tombstoned while no write is in flight."""
-        with self.io_lock:
-            with self.lock:
-                return not len(self.buffer) and not self.tombstones
+        with self.io_lock, self.lock:
+            return not len(self.buffer) and not self.tombstones
 
     def make_room(self) -> None:
         """Called by a put after the buffer outgrew ``buffer_max``: write until it fits."""

@@ -181,6 +181,18 @@ def _mget_packed(keys: Sequence[bytes]) -> bytes:
         len(keys) + 1, b"".join([b"$%d\r\n%b\r\n" % (len(k), k) for k in keys]))
 
 
+def _raise_if_connection_lost(exc: redis.WatchError) -> None:
+    """redis-py raises ``WatchError`` both when a watched key changed (plan again) and when
+    the connection failed while watching (``__context__``: the ConnectionError or
+    TimeoutError), EXEC's reply lost included: that one is raised as what it is, so the
+    level's retry (which checks whether the transaction was applied) handles it. Planned
+    again at once, an applied plan's victims were lost, and a connection the server keeps
+    closing (a value over its ``proto-max-bulk-len``) was retried in a busy loop forever."""
+    lost = exc.__context__
+    if isinstance(lost, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        raise lost
+
+
 def _stop_server(server: Any, pid: int) -> None:
     """Stop an embedded server, in the process that started it only (a forked child that
     exits must not stop its parent's server)."""
@@ -508,7 +520,8 @@ class RedisLevel:
                     except (redis.ConnectionError, redis.TimeoutError):
                         pass                  # it expires by itself
                     return result
-                except redis.WatchError:
+                except redis.WatchError as exc:
+                    _raise_if_connection_lost(exc)
                     continue
 
     def put(self, key: bytes, value: bytes) -> Victims:
@@ -542,7 +555,8 @@ class RedisLevel:
                         pipe.decrby(self._bytes_key, freed)
                         pipe.execute()
                         return
-                    except redis.WatchError:
+                    except redis.WatchError as exc:
+                        _raise_if_connection_lost(exc)
                         continue
 
         self._run("delete", go_bounded)
