@@ -4,9 +4,12 @@
   its state into this process's arena only, so the next process to run the partition read the
   shared level without it; and a process taking a partition back dropped its heap copies but
   read stale ones from its arena.
+- ``foreach_batch(fn, sink=...)`` gave its sink to every partition function pickled inside
+  ``fn``, also those of another cache: the sink received another state's changes.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sys
 import zlib
@@ -78,3 +81,41 @@ def test_arena_level_on_local2_keeps_exact_state(spark, tmp_path, unique_ns):
             last[k] = max(last.get(k, 0), n)
         assert last == {k: model[k] for k in last}, f"stale state in job {b}"
     assert cache.snapshot() == dict(model)
+
+
+class _FileSink:
+    def __init__(self, path):
+        self.path = path
+
+    def on_flush(self, key, new, old):
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps([key, new, old]) + "\n")
+
+
+@pytest.mark.spark
+def test_a_sink_gets_the_changes_of_its_own_cache_only(spark, tmp_path, unique_ns):
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    mine, other = SparkCache(cfg, name="mine"), SparkCache(cfg, name="other")
+
+    def put_name(cache):
+        def put(items, state):
+            for x in items:
+                state[x] = cache
+                yield x
+        return put
+
+    fa = mine.partitions(put_name("mine"))
+    fb = other.partitions(put_name("other"))
+    path = str(tmp_path / "changes.jsonl")
+
+    def process(df, batch_id):
+        sc = df.sparkSession.sparkContext
+        sc.parallelize(["a"], 1).mapPartitions(fa).collect()
+        sc.parallelize(["b"], 1).mapPartitions(fb).collect()
+
+    mine.foreach_batch(process, sink=_FileSink(path))(spark.createDataFrame([(1,)], "v long"), 0)
+    with open(path) as fh:
+        changes = [json.loads(line) for line in fh]
+    assert changes == [["a", "mine", None]]
+    # the other cache's function still ran bound to the batch (exactly-once state)
+    assert other.snapshot() == {"b": "other"}

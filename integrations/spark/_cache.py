@@ -116,7 +116,8 @@ class SparkCache:
         Partition functions of this cache run inside ``fn`` are bound to the batch: its id is
         the checkpoint id, their state effects are exactly-once under replay, and ``sink``
         (callable(key, new, old) or an object with ``on_flush``, run on the executors) gets
-        each partition's deduplicated changes when it commits.
+        each partition's deduplicated changes when it commits, of this cache's state only
+        (a function of another cache run inside ``fn`` is bound to the batch, not the sink).
         """
         sinks = () if sink is None else (sink,)
         _listener_calls(sinks)     # on the driver, not in every task's commit
@@ -127,7 +128,7 @@ class SparkCache:
             sc = batch_df.sparkSession.sparkContext
             sc.setLocalProperty(BATCH_PROPERTY, str(int(batch_id)))
             try:
-                with batch_context(batch_id, sinks):
+                with batch_context(batch_id, sinks, (name, store_config)):
                     fn(batch_df, batch_id)
             finally:
                 sc.setLocalProperty(BATCH_PROPERTY, None)

@@ -58,11 +58,20 @@ _driver = threading.local()
 
 
 class batch_context:
-    """``with batch_context(batch_id, sinks):`` — what :func:`foreach_batch` sets around a batch."""
+    """``with batch_context(batch_id, sinks, owner):`` — what :func:`foreach_batch` sets around
+    a batch. ``owner`` is the ``(name, config)`` of the cache whose ``foreach_batch`` it is:
+    its sinks get the changes of that cache's state only (``None``: of every function)."""
 
-    def __init__(self, batch_id: int, sinks: tuple = ()) -> None:
+    def __init__(self, batch_id: int, sinks: tuple = (), owner: tuple | None = None) -> None:
         self.batch_id = int(batch_id)
         self.sinks = tuple(sinks)
+        self.owner = owner
+
+    def sinks_for(self, spec: "PartitionSpec") -> tuple:
+        """The sinks a function of ``spec`` forwards its changes to in this batch."""
+        if self.owner is None or self.owner == (spec.scope, spec.config):
+            return self.sinks
+        return ()
 
     def __enter__(self) -> "batch_context":
         self._saved = getattr(_driver, "ctx", None)
@@ -398,7 +407,7 @@ class PartitionFunction:
         ctx = current_batch()
         if ctx is not None and self.spec.batch_id is None:
             state["spec"] = replace(self.spec, batch_id=ctx.batch_id,
-                                    listeners=self.spec.listeners + ctx.sinks)
+                                    listeners=self.spec.listeners + ctx.sinks_for(self.spec))
         return state
 
     def __repr__(self) -> str:
