@@ -119,3 +119,41 @@ def test_a_sink_gets_the_changes_of_its_own_cache_only(spark, tmp_path, unique_n
     assert changes == [["a", "mine", None]]
     # the other cache's function still ran bound to the batch (exactly-once state)
     assert other.snapshot() == {"b": "other"}
+
+
+def _count_rows(frames, state):
+    for frame in frames:
+        for k in frame["k"]:
+            state[k] = state.get(k, 0) + 1
+        yield frame
+
+
+@pytest.mark.parametrize("key, ts, wrong", [
+    (lambda f: f["k"].unique(), None, "returned 3 values, not one per row"),
+    (lambda f: "a", None, "returned a str, not one value per row"),
+    (lambda f: list(f["k"]) + ["z"], None, "returned 6 values, not one per row"),
+    ("k", lambda f: f["t"][:2], "returned 2 values, not one per row"),
+    ("k", lambda f: 5.0, "returned a float, not one value per row"),
+    ("k", "no_such_column", "KeyError"),
+])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_pandas_key_or_ts_not_one_per_row_is_refused(tmp_path, unique_ns, key, ts, wrong,
+                                                       prefetch):
+    # The rows were handed to the function as far as they had keys: a key function giving
+    # fewer keys than rows dropped the others silently; a short or scalar ts= raised a bare
+    # IndexError/TypeError from the helper. The partition runs here without a SparkSession
+    # (no TaskContext: partition 0), as a worker runs it.
+    import pandas as pd
+
+    from mlcache.integrations.spark import KeyFunctionError
+
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    cache = SparkCache(cfg, name="pd")
+    frame = pd.DataFrame({"k": ["a", "b", "a", "c", "a"], "t": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    with pytest.raises(KeyFunctionError, match="batch of 5 rows in partition 0") as info:
+        list(cache.pandas(_count_rows, key=key, ts=ts, prefetch=prefetch)(iter([frame])))
+    assert wrong in str(info.value)
+    assert cache.snapshot() == {}        # refused before any row was handed over
+    good = list(cache.pandas(_count_rows, key="k", ts="t", prefetch=prefetch)(iter([frame])))
+    assert sum(len(f) for f in good) == 5
+    assert cache.snapshot() == {"a": 3, "b": 1, "c": 1}

@@ -44,7 +44,8 @@ _REPR_LIMIT = 300
 
 
 class KeyFunctionError(CacheError, ValueError):
-    """A ``key=`` function failed on a record; the message names the record and partition."""
+    """A ``key=`` function (or a pandas batch's ``ts=``) failed on a record, or gave a batch
+    other than one value per row; the message names the record and partition."""
 
     def __init__(self, message: str, *, record: Any = None, partition: int | None = None) -> None:
         super().__init__(message)
@@ -238,6 +239,33 @@ def _field_getter(name: Any) -> Callable[[Any], Any]:
     return get
 
 
+def _frame_len(frame: Any) -> int:
+    """The number of rows of a pandas batch (DataFrame, Series or tuple of Series)."""
+    return len(frame[0] if isinstance(frame, tuple) else frame)
+
+
+def _per_row(run: _Run, frame: Any, what: str, spec: Any, compute: Callable[[], Any]) -> list:
+    """One value per row of ``frame`` from ``compute()`` (the ``key=``/``ts=`` of the spec),
+    or :class:`KeyFunctionError` naming the batch and partition. A result of another length
+    is refused: the rows are handed to the function as far as they have keys, so a key
+    function giving fewer (``frame["k"].unique()``, a scalar) dropped the others silently."""
+    label = f"{what}= {_fn_name(spec) if callable(spec) else repr(spec)}"
+    try:
+        values = compute()
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"returned a {type(values).__name__}, not one value per row")
+        out = values.tolist() if hasattr(values, "tolist") else list(values)
+        if len(out) != _frame_len(frame):
+            raise ValueError(f"returned {len(out)} values, not one per row")
+    except Exception as exc:
+        first = _first_row(frame)
+        raise KeyFunctionError(
+            f"{label} failed on a batch of {_frame_len(frame)} rows in partition "
+            f"{run.partition} (first row: {_short(first)}): {type(exc).__name__}: {exc}",
+            record=first, partition=run.partition) from exc
+    return out
+
+
 def _frame_times(run: _Run, frame: Any, n: int) -> list[float]:
     """Event times of one pandas batch for the hints: the ``ts`` column (or function) if
     given, else the worker's clock (:meth:`WorkerContext.tick`)."""
@@ -245,32 +273,27 @@ def _frame_times(run: _Run, frame: Any, n: int) -> list[float]:
     if ts is None:
         start = run.ctx.next_positions(n)
         return [float(start + i) for i in range(n)]
-    values = ts(frame) if callable(ts) else frame[ts]
-    return [float(t) for t in (values.tolist() if hasattr(values, "tolist") else values)]
+
+    def compute() -> list[float]:
+        values = ts(frame) if callable(ts) else frame[ts]
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            return values   # refused by _per_row, naming what it is
+        return [float(t) for t in (values.tolist() if hasattr(values, "tolist") else values)]
+    return _per_row(run, frame, "ts", ts, compute)
 
 
 def _frame_keys(run: _Run, frame: Any) -> list[Any]:
     """The state keys of one pandas batch (DataFrame, Series or tuple of Series)."""
     key = run.spec.key
-    try:
+
+    def compute() -> Any:
         if key is None:
             series = frame[0] if isinstance(frame, tuple) else frame
             if hasattr(series, "columns"):
                 raise TypeError("a DataFrame batch needs key= (a column name or a function)")
-            values = series
-        elif callable(key):
-            values = key(frame)
-        else:
-            values = frame[key]
-        keys = values.tolist() if hasattr(values, "tolist") else list(values)
-    except Exception as exc:
-        raise KeyFunctionError(
-            f"key {_fn_name(key) if callable(key) else repr(key)} failed on a batch of "
-            f"{len(frame) if hasattr(frame, '__len__') else '?'} rows in partition "
-            f"{run.partition} (first row: {_short(_first_row(frame))}): "
-            f"{type(exc).__name__}: {exc}", record=_first_row(frame),
-            partition=run.partition) from exc
-    return keys
+            return series
+        return key(frame) if callable(key) else frame[key]
+    return _per_row(run, frame, "key", key, compute)
 
 
 def _first_row(frame: Any) -> Any:
