@@ -189,14 +189,25 @@ class _QuadtreeOps(_QuadtreeShrink):
         ascii_data = self._admit(recs, datas)
         # Route the batch down first, reading every node on the way (the only I/O), and
         # change the nodes after: a level failing midway leaves them as they were.
-        route: list[tuple[int, list, list]] = []
+        # Each node's new time bound is worked out here too, so that times that cannot be
+        # compared (a str and a float) raise before any change.
+        route: list[tuple[int, list, list, Any]] = []
         groups: dict[int, list] = {ROOT: recs}
         while groups:
             found = self._nodes(list(groups))
             deeper: dict[int, list] = {}
             for nid, batch in groups.items():
                 node = found.get(nid) or self._root_node()
-                route.append((nid, node, batch))
+                tmin = node[TMIN]
+                try:
+                    for rec in batch:
+                        if rec[2] is not None and (tmin is None or rec[2] < tmin):
+                            tmin = rec[2]
+                except TypeError:
+                    raise TypeError(f"point ({rec[0]!r}, {rec[1]!r}) has a time ts={rec[2]!r} "
+                                    f"that cannot be compared with the tree's times "
+                                    f"(such as {tmin!r})") from None
+                route.append((nid, node, batch, tmin))
                 kids = node[KIDS]
                 if kids is None:
                     continue
@@ -216,13 +227,9 @@ class _QuadtreeOps(_QuadtreeShrink):
         # all ASCII strings (the usual data): a packed leaf's share weighs _ASCII + len each
         ascii_data = sized and packs and ascii_data
         touched: dict[int, list] = {}
-        for nid, node, batch in route:
+        for nid, node, batch, tmin in route:
             touched[nid] = node
             node[COUNT] += len(batch)
-            tmin = node[TMIN]
-            for rec in batch:
-                if rec[2] is not None and (tmin is None or rec[2] < tmin):
-                    tmin = rec[2]
             node[TMIN] = tmin
             if node[KIDS] is not None:
                 continue
