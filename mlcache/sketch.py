@@ -212,7 +212,10 @@ class FrequencySketch:
     # -- estimates (plain Python, exact same arithmetic as the numpy path) --------------------
 
     def frequency(self, key: Hashable) -> int:
-        return self.frequency_of_mixed(hash((hash(key), self._seed)))
+        """The estimate of ``key``, as counted by :meth:`increment`, :meth:`increment_many`
+        and :meth:`increment_counts` (a key mixed as itself: ``frequency_of_mixed(mix(key))``).
+        Counts made by hash (:meth:`increment_hashes`) are read with :meth:`frequency_of_hash`."""
+        return self.frequency_of_mixed(hash((key, self._seed)))
 
     def frequency_of_hash(self, h: int) -> int:
         return self.frequency_of_mixed(hash((h, self._seed)))
@@ -237,15 +240,18 @@ class FrequencySketch:
     # -- increments (batched, numpy) ------------------------------------------------------------
 
     def increment(self, key: Hashable) -> None:
-        self.increment_hashes([hash(key)])
+        self.increment_mixed([hash((key, self._seed))])
 
     def increment_many(self, keys: Iterable[Hashable]) -> None:
-        self.increment_hashes(list(map(hash, keys)))
+        self.increment_mixed(self.mix_many(keys))
 
     def increment_hashes(self, hashes: list[int], counts: list[int] | None = None) -> None:
         """Count ``counts[i]`` (default 1) more uses of the key whose ``hash`` is ``hashes[i]``.
 
-        With ``counts``, the hashes must be distinct (callers aggregate, e.g. in a dict).
+        With ``counts``, the hashes must be distinct (callers aggregate, e.g. in a dict). A hash
+        is mixed as a key in its own right, which is not how the key itself is mixed (for most
+        str keys ``hash(hash(x)) != hash(x)``): read these counts with
+        :meth:`frequency_of_hash`, never :meth:`frequency`.
         """
         self.increment_mixed(self.mix_many(hashes), counts)
 
@@ -258,10 +264,8 @@ class FrequencySketch:
         (building numpy arrays from Python lists was most of a drain's cost). Either way the
         hashes are mixed with the seed in numpy.
 
-        Read these keys' estimates with ``frequency_of_mixed(mix(x))``, as W-TinyLFU does:
-        :meth:`frequency` mixes ``hash(x)`` as a key in its own right (the counterpart of
-        :meth:`increment` and :meth:`increment_hashes`), which differs for keys whose hash is
-        not its own hash (most str keys: those with ``abs(hash(x)) >= 2**61 - 1``).
+        Read these keys' estimates with :meth:`frequency` (or ``frequency_of_mixed(mix(x))``,
+        as W-TinyLFU does), like those of :meth:`increment` and :meth:`increment_many`.
         """
         n = len(counts)
         if not n:

@@ -21,15 +21,30 @@ def test_never_underestimates_and_saturates_at_15():
     for key, n in counts.items():
         assert s.frequency(key) >= min(15, n)
     s.increment_hashes([hash("hot")], [40])
-    assert s.frequency("hot") == 15
+    assert s.frequency_of_hash(hash("hot")) == 15
 
 
 def test_counts_with_weights_equal_repeated_increments():
     a, b = FrequencySketch(256, seed=3), FrequencySketch(256, seed=3)
     a.increment_hashes([hash(k) for k in "xyz"], [3, 1, 2])
-    b.increment_many(list("xxxyzz"))
+    b.increment_hashes([hash(k) for k in "xxxyzz"])
     assert a.table == b.table
-    assert [a.frequency(k) for k in "xyz"] == [3, 1, 2]
+    assert [a.frequency_of_hash(hash(k)) for k in "xyz"] == [3, 1, 2]
+
+
+@pytest.mark.parametrize("keys", [["x", "y", "z"], [7, 2**40, -1], [("t", 1), b"b", "s"]])
+def test_every_key_api_counts_what_frequency_reads(keys):
+    """increment_counts mixed the key itself while frequency mixed the key's hash: for most
+    str keys (hash(hash(x)) != hash(x)) a count made by increment_counts read back as 0."""
+    by_counts, by_many, one_by_one = (FrequencySketch(256, seed=3) for _ in range(3))
+    by_counts.increment_counts(dict(zip(keys, [3, 1, 2])))
+    by_many.increment_many([keys[0]] * 3 + [keys[1]] + [keys[2]] * 2)
+    for key in [keys[0]] * 3 + [keys[1]] + [keys[2]] * 2:
+        one_by_one.increment(key)
+    assert by_counts.table == by_many.table == one_by_one.table
+    for s in (by_counts, by_many, one_by_one):
+        assert [s.frequency(k) for k in keys] == [3, 1, 2]
+        assert [s.frequency_of_mixed(s.mix(k)) for k in keys] == [3, 1, 2]
 
 
 def test_estimates_are_accurate_for_a_skewed_stream():
