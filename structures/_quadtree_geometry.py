@@ -185,7 +185,8 @@ def packed_points(flat: list) -> list:
 
 
 def _min_of(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
+    """The least of ``values`` but None and NaN (a NaN time is never below a prune's t)."""
+    present = [v for v in values if v is not None and v == v]
     return min(present) if present else None
 
 

@@ -254,7 +254,8 @@ class _QuadtreeQueries:
                     assert len(pts[0]) == 24 * (len(pts) - 1), node
                 for rec in _recs(pts):
                     assert node[X0] <= rec[0] <= node[X1] and node[Y0] <= rec[1] <= node[Y1]
-                    assert rec[3] is None or (node[TMIN] is not None and node[TMIN] <= rec[3])
+                    assert rec[3] is None or rec[3] != rec[3] or (
+                        node[TMIN] is not None and node[TMIN] <= rec[3])
                 assert node[COUNT] <= self._meta["capacity"] or \
                     node[DEPTH] >= self._meta["max_depth"], "leaf over capacity"
                 total += node[COUNT]

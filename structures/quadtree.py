@@ -190,7 +190,8 @@ class _QuadtreeOps(_QuadtreeShrink):
         # Route the batch down first, reading every node on the way (the only I/O), and
         # change the nodes after: a level failing midway leaves them as they were.
         # Each node's new time bound is worked out here too, so that times that cannot be
-        # compared (a str and a float) raise before any change.
+        # compared (a str and a float) raise before any change. A NaN time is never below a
+        # prune's t, so it stays out of the bound (which holds only what a prune must find).
         route: list[tuple[int, list, list, Any]] = []
         groups: dict[int, list] = {ROOT: recs}
         while groups:
@@ -201,7 +202,8 @@ class _QuadtreeOps(_QuadtreeShrink):
                 tmin = node[TMIN]
                 try:
                     for rec in batch:
-                        if rec[2] is not None and (tmin is None or rec[2] < tmin):
+                        if rec[2] is not None and (rec[2] < tmin if tmin is not None
+                                                   else rec[2] == rec[2]):
                             tmin = rec[2]
                 except TypeError:
                     raise TypeError(f"point ({rec[0]!r}, {rec[1]!r}) has a time ts={rec[2]!r} "
