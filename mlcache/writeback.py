@@ -513,32 +513,50 @@ class WriteBack:
                 raise LevelUnavailableError(f"write-back failed: {exc}") from exc
 
     def copy_down(self) -> None:
-        """Checkpoint step: copy what each byte level holds newer than the next one down."""
+        """Checkpoint step: copy what each byte level holds newer than the next one down.
+
+        In batches of ``batch_size`` keys, fewer when values are large (a batch's bytes kept
+        near ``batch_bytes_max``, as the writer's): each batch is read and written before the
+        next is read, so a checkpoint never holds a whole level's newer entries in memory
+        (one read of everything took ~390 MiB for 190 MB in Redis under a 4 MiB heap)."""
         last = len(self.levels) - 1
         for i in range(last):
-            def step(i: int = i) -> None:
-                with self.io_lock:
-                    keys = sorted(self.newer[i])
-                    if not keys:
-                        return
-                    with self.lock:
-                        self.wseq += 1
-                        self._log_write(None)
-                    try:
-                        values = self.levels[i].get_many(keys)
-                        items = [(k, v) for k, v in zip(keys, values) if v is not None]
-                        self.newer[i].difference_update(keys)
-                        try:
-                            self._write(i + 1, items)
-                        except Exception:
-                            # The copy is still on level i; remember it is newer there.
-                            self.newer[i].update(k for k, _ in items)
-                            raise
-                        self.stats.writeback["checkpoint_copies"] += len(items)
-                    finally:
+            with self.io_lock:
+                todo = sorted(self.newer[i])
+            # bounded in bytes: the first batch is one entry, then as many as fit the bound
+            pos, n = 0, self.batch_size if self.batch_bytes_max is None else 1
+            while pos < len(todo):
+                def step(i: int = i, pos: int = pos, n: int = n) -> tuple[int, int]:
+                    """Copy the batch at ``pos``; the next position and batch length."""
+                    with self.io_lock:
+                        newer = self.newer[i]
+                        keys = [k for k in todo[pos:pos + n] if k in newer]
+                        if not keys:
+                            return pos + n, n
                         with self.lock:
                             self.wseq += 1
-            self._with_retries(step)
+                            self._log_write(keys if self._exact(i + 1) else None)
+                        try:
+                            values = self.levels[i].get_many(keys)
+                            items = [(k, v) for k, v in zip(keys, values) if v is not None]
+                            newer.difference_update(keys)
+                            try:
+                                self._write(i + 1, items)
+                            except Exception:
+                                # The copy is still on level i; remember it is newer there.
+                                newer.update(k for k, _ in items)
+                                raise
+                            self.stats.writeback["checkpoint_copies"] += len(items)
+                        finally:
+                            with self.lock:
+                                self.wseq += 1
+                    size, limit = sum(len(v) for _, v in items), self.batch_bytes_max
+                    if limit is not None and items:
+                        # the next batch's length from this one's bytes per entry
+                        return pos + n, max(1, min(self.batch_size,
+                                                   len(items) * limit // max(1, size)))
+                    return pos + n, n
+                pos, n = self._with_retries(step)
         for level in self.levels:
             sync = getattr(level, "sync", None)
             if sync is not None:
