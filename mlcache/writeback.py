@@ -526,7 +526,8 @@ class WriteBack:
             # bounded in bytes: the first batch is one entry, then as many as fit the bound
             pos, n = 0, self.batch_size if self.batch_bytes_max is None else 1
             while pos < len(todo):
-                def step(i: int = i, pos: int = pos, n: int = n) -> tuple[int, int]:
+                def step(i: int = i, pos: int = pos, n: int = n,
+                         todo: list[bytes] = todo) -> tuple[int, int]:
                     """Copy the batch at ``pos``; the next position and batch length."""
                     with self.io_lock:
                         newer = self.newer[i]
