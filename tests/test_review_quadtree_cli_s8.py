@@ -6,6 +6,7 @@ a real disk level), so that it stays fixed.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -73,3 +74,69 @@ def test_a_time_that_cannot_be_compared_changes_nothing(tmp_path):
             assert len(qt) == 1
             qt.verify()
         assert [(p.data, p.ts) for p in qt] == [("a", 1.0)]
+
+
+# -- mlcache simulate: output files --------------------------------------------------------------
+
+SIM = ["--trace", "gen:zipf", "--requests", "2000", "--sizes", "10", "--policies", "lru",
+       "--no-progress"]
+
+
+def _simulate(argv):
+    from mlcache.sim.cli import main
+
+    return main(SIM + argv)
+
+
+def test_simulate_writes_the_plot_as_a_png_at_exactly_the_path_given(tmp_path, capsys):
+    # matplotlib took the format from the extension: --plot out (no extension) wrote out.png
+    # while the command said it wrote out; --plot out.txt was a traceback after the whole run
+    for name in ("noext", "plot.txt"):
+        png = tmp_path / name
+        assert _simulate(["--csv", str(tmp_path / "o.csv"), "--plot", str(png)]) == 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {png}" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noext", "o.csv", "plot.txt"]
+
+
+def test_simulate_refuses_a_directory_as_an_output_before_the_run(tmp_path, capsys):
+    for flag in ("--csv", "--plot"):
+        assert _simulate([flag, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"mlcache simulate: {flag[2:]}: {tmp_path} is a directory")
+
+
+def test_simulate_reports_an_output_it_cannot_write_in_one_line(tmp_path, capsys):
+    # a failed write was a traceback after the whole run (and could leave half a file)
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    (locked / "r.csv").write_text("old\n")
+    locked.chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):   # root writes anywhere: use a path that cannot exist
+            target = "/proc/self/mlcache-review.csv"
+        else:
+            target = str(locked / "r.csv")
+        assert _simulate(["--no-plot", "--csv", target]) == 2
+    finally:
+        locked.chmod(0o755)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"mlcache simulate: csv: cannot write {target}: ")
+    assert (locked / "r.csv").read_text() == "old\n"
+
+
+def test_simulate_replaces_an_output_atomically(tmp_path, capsys):
+    out = tmp_path / "r.csv"
+    out.write_text("old\n")
+    assert _simulate(["--no-plot", "--csv", str(out)]) == 0
+    assert out.read_text().startswith("trace,policy,size")
+    assert [p.name for p in tmp_path.iterdir()] == ["r.csv"]   # no temporary left
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

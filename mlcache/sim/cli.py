@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import secrets
 import sys
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 from mlcache.errors import ConfigError
 
@@ -104,7 +105,29 @@ def _table(results: list[SimResult]) -> str:
     return "\n".join(lines)
 
 
+def _replace_atomically(path: str, write: Callable[[str], None]) -> None:
+    """``write`` a temporary file beside ``path``, then rename it to ``path``: a reader never
+    sees half a file, and a failed write leaves what was at ``path`` before."""
+    # named here rather than by mkstemp, so that the file gets the umask's mode like any
+    # other the user writes, not mkstemp's 0600
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _write_csv(path: str, trace: Trace, results: list[SimResult]) -> None:
+    _replace_atomically(path, lambda tmp: _csv_rows(tmp, trace, results))
+
+
+def _csv_rows(path: str, trace: Trace, results: list[SimResult]) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["trace", "policy", "size", "requests", "hits", "hit_ratio",
@@ -130,8 +153,12 @@ def _plot(path: str, trace: Trace, results: list[SimResult]) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        # a PNG at exactly ``path``: matplotlib would take the format from the extension
+        # (a traceback for --plot out.txt) or add ".png" to a name without one
+        _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # (a missing directory failed with a traceback after the whole run)
             if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
                 raise ConfigError(name, f"no directory for {path}")
+            if path and os.path.isdir(path):
+                raise ConfigError(name, f"{path} is a directory, not a file name")
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         if not policies:
             raise ConfigError("policies", "give at least one policy name")
@@ -174,13 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"trace {trace.name}: {len(trace):,} requests, {trace.unique_keys():,} keys"
           + (f", {trace.skipped} bad lines skipped" if trace.skipped else ""))
     print(_table(results))
-    csv_path = args.csv or f"{trace.name}-sim.csv"
-    _write_csv(csv_path, trace, results)
-    print(f"wrote {os.path.abspath(csv_path)}")
+    outputs = [("csv", args.csv or f"{trace.name}-sim.csv", _write_csv)]
     if not args.no_plot:
-        png_path = args.plot or f"{trace.name}-sim.png"
-        _plot(png_path, trace, results)
-        print(f"wrote {os.path.abspath(png_path)}")
+        outputs.append(("plot", args.plot or f"{trace.name}-sim.png", _plot))
+    for name, path, write in outputs:
+        try:
+            write(path, trace, results)
+        except OSError as exc:   # (a traceback after the whole run; a default name too)
+            print(f"mlcache simulate: {name}: cannot write {path}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+        print(f"wrote {os.path.abspath(path)}")
     return 0
 
 
