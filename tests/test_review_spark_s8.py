@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 from pyspark import cloudpickle
 
-from mlcache import CacheConfig, DiskConfig, HeapConfig
+from mlcache import CacheConfig, DiskConfig, HeapConfig, RedisConfig
 from mlcache.config import ArenaConfig
 from mlcache.integrations.spark import SparkCache
 
@@ -157,3 +157,32 @@ def test_a_pandas_key_or_ts_not_one_per_row_is_refused(tmp_path, unique_ns, key,
     good = list(cache.pandas(_count_rows, key="k", ts="t", prefetch=prefetch)(iter([frame])))
     assert sum(len(f) for f in good) == 5
     assert cache.snapshot() == {"a": 3, "b": 1, "c": 1}
+
+
+def test_a_lost_redis_is_a_level_unavailable_error_naming_the_url(unique_ns):
+    # The epoch store's calls let redis-py's ConnectionError out (every partition start, the
+    # driver's foreach_batch commit mark and reads), where the levels raise the retryable
+    # LevelUnavailableError naming redis.
+    from mlcache._redis_server import RedisServer
+    from mlcache.errors import LevelUnavailableError
+    from mlcache.integrations.spark import open_epoch_store
+
+    server = RedisServer().start()
+    try:
+        cfg = CacheConfig(levels=(RedisConfig(url=server.url, socket_timeout=1.0, retries=1),),
+                          namespace=unique_ns)
+        cache = SparkCache(cfg, name="lost")
+        store = open_epoch_store(cache.config)
+        assert store.acquire("lost", 0, "me") == 1
+        assert store.acquire("lost", 0, "me") == 1
+        server.stop()
+        calls = [lambda: store.acquire("lost", 0, "me"), lambda: store.record_creation("w"),
+                 lambda: store.mark_committed("lost", 3), cache.last_committed_batch,
+                 cache.partitions_seen, cache.creations, cache.worker_stats]
+        for call in calls:
+            with pytest.raises(LevelUnavailableError, match="redis.url: .*" + server.url) as info:
+                call()
+            assert info.value.level == "redis" and info.value.retryable
+        store.close()
+    finally:
+        server.cleanup()

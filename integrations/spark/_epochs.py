@@ -23,10 +23,13 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Any, Protocol
+import time
+from typing import Any, Callable, Protocol, TypeVar
 
 from mlcache.config import CacheConfig, DiskConfig, RedisConfig
 from mlcache.errors import ConfigError, LevelUnavailableError
+
+T = TypeVar("T")
 
 __all__ = ["EpochStore", "RedisEpochStore", "DiskEpochStore", "open_epoch_store", "redact_url"]
 
@@ -91,32 +94,60 @@ class RedisEpochStore:
                 f"redis.url: cannot reach {redact_url(cfg.url)} from {socket.gethostname()} "
                 f"(pid {os.getpid()}): {type(exc).__name__}: {exc}", level="redis") from exc
         self._acquire = self._client.register_script(_ACQUIRE)
+        self._retries = cfg.retries
+        self._lost = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+    def _run(self, op: str, fn: Callable[[], T], idempotent: bool = True) -> T:
+        """``fn()``, with the Redis level's quick reconnects (``retries``, when running it
+        twice does no harm), a lost connection raised as the retryable
+        :class:`LevelUnavailableError` naming ``redis.url``, as the level raises it; the bare
+        redis-py ConnectionError escaped from every partition start and the driver's reads."""
+        attempts = self._retries + 1 if idempotent else 1
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except self._lost as exc:
+                if attempt + 1 >= attempts:
+                    raise LevelUnavailableError(
+                        f"redis.url: the Spark epoch store at {redact_url(self.url)} failed "
+                        f"({op}, {attempts} attempt{'s' if attempts > 1 else ''}) from "
+                        f"{socket.gethostname()} (pid {os.getpid()}): {type(exc).__name__}: "
+                        f"{exc}", level="redis") from exc
+                time.sleep(min(0.2, 0.01 * (2 ** attempt)))
+        raise AssertionError("unreachable")
 
     def acquire(self, scope: str, partition: int, owner: str) -> int:
-        return int(self._acquire(keys=[f"{self._base}:own:{scope}"], args=[str(partition), owner]))
+        # idempotent: a second run by the same owner keeps the epoch the first one set
+        return int(self._run("acquire", lambda: self._acquire(
+            keys=[f"{self._base}:own:{scope}"], args=[str(partition), owner])))
 
     def partitions(self, scope: str) -> list[int]:
-        return sorted(int(p) for p in self._client.hkeys(f"{self._base}:own:{scope}"))
+        raw = self._run("partitions", lambda: self._client.hkeys(f"{self._base}:own:{scope}"))
+        return sorted(int(p) for p in raw)
 
     def record_creation(self, worker: str) -> int:
-        return int(self._client.hincrby(f"{self._base}:creations", worker, 1))
+        # not idempotent: an increment whose reply was lost would count twice
+        return int(self._run("record_creation", lambda: self._client.hincrby(
+            f"{self._base}:creations", worker, 1), idempotent=False))
 
     def creations(self) -> dict[str, int]:
-        raw = self._client.hgetall(f"{self._base}:creations")
+        raw = self._run("creations", lambda: self._client.hgetall(f"{self._base}:creations"))
         return {_text(k): int(v) for k, v in raw.items()}
 
     def record_stats(self, worker: str, stats: str) -> None:
-        self._client.hset(f"{self._base}:stats", worker, stats)
+        self._run("record_stats", lambda: self._client.hset(f"{self._base}:stats", worker, stats))
 
     def worker_stats(self) -> dict[str, str]:
-        raw = self._client.hgetall(f"{self._base}:stats")
+        raw = self._run("worker_stats", lambda: self._client.hgetall(f"{self._base}:stats"))
         return {_text(k): _text(v) for k, v in raw.items()}
 
     def mark_committed(self, scope: str, batch_id: int) -> None:
-        self._client.set(f"{self._base}:committed:{scope}", int(batch_id))
+        self._run("mark_committed", lambda: self._client.set(
+            f"{self._base}:committed:{scope}", int(batch_id)))
 
     def last_committed(self, scope: str) -> int | None:
-        raw = self._client.get(f"{self._base}:committed:{scope}")
+        raw = self._run("last_committed",
+                        lambda: self._client.get(f"{self._base}:committed:{scope}"))
         return None if raw is None else int(raw)
 
     def close(self) -> None:
