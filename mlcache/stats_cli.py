@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import sys
 import time
@@ -117,28 +118,45 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# a day: time.sleep takes no more than the platform's time_t (inf was an OverflowError)
+_MAX_WATCH = 86_400.0
+
+
+def _port(text: str) -> int:
+    from .cli import _port as port
+
+    return port(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlcache stats", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("--url", help="the /metrics URL of an exporter")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9464, help="used when --url is not given")
+    parser.add_argument("--port", type=_port, default=9464, help="used when --url is not given")
     parser.add_argument("--raw", action="store_true", help="print the exposition as served")
     parser.add_argument("--json", action="store_true", help="print the parsed figures as JSON")
     parser.add_argument("--watch", type=float, metavar="SECONDS",
-                        help="scrape again every SECONDS until interrupted")
+                        help="scrape again every SECONDS (up to a day) until interrupted")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.watch is not None and not args.watch > 0:
-        # (time.sleep raised ValueError after the first scrape)
-        parser.error(f"--watch must be a positive number of seconds, got {args.watch}")
+    if args.watch is not None and not 0 < args.watch <= _MAX_WATCH:
+        # (time.sleep raised ValueError after the first scrape, OverflowError for inf)
+        parser.error(f"--watch must be a positive number of seconds up to {_MAX_WATCH:g}, "
+                     f"got {args.watch}")
     url = args.url or f"http://{args.host}:{args.port}/metrics"
     try:
         while True:
             try:
                 text = scrape(url)
-            except (urllib.error.URLError, OSError, ValueError) as exc:   # ValueError: not a URL
-                print(f"mlcache stats: cannot scrape {url}: {exc}", file=sys.stderr)
+            # ValueError: not a URL; HTTPException: an invalid host, or a port that does not
+            # speak HTTP (a BadStatusLine traceback before)
+            except (urllib.error.URLError, OSError, ValueError,
+                    http.client.HTTPException) as exc:
+                # (a BadStatusLine holds the line it got, its CR LF included)
+                why = (f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                       if isinstance(exc, http.client.HTTPException) else exc)
+                print(f"mlcache stats: cannot scrape {url}: {why}", file=sys.stderr)
                 return 1
             if args.raw:
                 print(text, end="")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import socket
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -140,3 +142,59 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# -- mlcache stats ---------------------------------------------------------------------------------
+
+def _stats(argv, capsys):
+    from mlcache.stats_cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as exc:     # argparse's errors
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+def test_stats_against_a_port_that_does_not_speak_http_is_one_line(capsys):
+    # (a BadStatusLine traceback: e.g. --port of a Redis server by mistake)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer():
+        conn, _ = server.accept()
+        conn.recv(1024)
+        conn.sendall(b"-ERR not http\r\n\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        rc, err = _stats(["--port", str(server.getsockname()[1])], capsys)
+    finally:
+        thread.join(10)
+        server.close()
+    assert rc == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("mlcache stats: cannot scrape http://127.0.0.1:")
+    rc, err = _stats(["--host", "a b"], capsys)      # (an InvalidURL traceback)
+    assert rc == 1 and err.startswith("mlcache stats: cannot scrape http://a b:9464/metrics: ")
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--watch", "inf"], "--watch"), (["--watch", "1e300"], "--watch"),
+    (["--port", "70000"], "--port"), (["--port", "-5"], "--port")])
+def test_stats_refuses_a_watch_or_port_out_of_range_before_scraping(argv, named, capsys):
+    # --watch inf scraped once, then time.sleep's OverflowError traceback
+    from mlcache.metrics import serve_stats
+
+    server = serve_stats(lambda: {"": {"levels": {}}})
+    try:
+        if named == "--watch":
+            argv = argv + ["--port", str(server.port)]
+        rc, err = _stats(argv, capsys)
+    finally:
+        server.close()
+    assert rc == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"mlcache stats: error: ")
+    assert named in err.splitlines()[-1]
