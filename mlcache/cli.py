@@ -103,11 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_bench(args)
     if args.command == "demo":
         from .demo import main as demo_main
-        from .errors import ConfigError
+        from .errors import ConfigError, LevelUnavailableError
 
         try:
             return demo_main(args)
         except ConfigError as exc:    # e.g. --redis with a URL that is not redis://...
+            print(f"mlcache demo: {exc}", file=sys.stderr)
+            return 2
+        except LevelUnavailableError as exc:    # --redis with no server there (a traceback)
             print(f"mlcache demo: {exc}", file=sys.stderr)
             return 2
     if args.command == "simulate":

@@ -28,6 +28,7 @@ import msgpack
 import numpy as np
 
 from .config import CacheConfig, DiskConfig, HeapConfig, LevelConfig, RedisConfig
+from .errors import ConfigError
 
 __all__ = ["main", "run_local", "DemoResult", "transactions"]
 
@@ -124,13 +125,19 @@ def run_local(*, events: int = 300_000, cards: int = 75_000, redis: str | None =
     tally = np.bincount(stream["card"], minlength=cards)
     alerts = 0
     cache = CacheManager(config)
-    metrics = None
-    if metrics_port is not None:
-        from .metrics import serve
-
-        metrics = serve(cache, metrics_port)
-        print(f"metrics: {metrics.url} (mlcache stats --port {metrics.port})", flush=True)
+    metrics = bar = None
+    failed = True
     try:
+        # (inside the try: a port in use left the manager open and the directory behind)
+        if metrics_port is not None:
+            from .metrics import serve
+
+            try:
+                metrics = serve(cache, metrics_port)
+            except OSError as exc:
+                raise ConfigError("metrics_port", f"cannot serve on port {metrics_port}: "
+                                                  f"{exc.strerror or exc}") from exc
+            print(f"metrics: {metrics.url} (mlcache stats --port {metrics.port})", flush=True)
         cols = [stream[c].tolist() for c in ("card", "ts", "amount", "country")]
         bar = tqdm(total=events, unit="tx", disable=not progress, mininterval=0.5,
                    desc="card risk state")
@@ -153,19 +160,36 @@ def run_local(*, events: int = 300_000, cards: int = 75_000, redis: str | None =
         got = cache.get_many([("card", c) for c in seen])
         mismatches = sum(1 for c in seen if got.get(("card", c), {}).get("n") != int(tally[c]))
         stats = cache.stats()
+        failed = False
     finally:
-        if metrics is not None:
-            metrics.close()
-        cache.close()
-        if redis:
-            from .levels.redis import RedisLevel
+        # Each step runs whatever the one before did, and when the job itself failed (Redis
+        # unreachable, say) a cleanup failing the same way does not hide why: the cleanup's
+        # error replaced the job's, and the temporary directory was left behind.
+        try:
+            if bar is not None:
+                bar.close()    # (twice is harmless) before any error is printed
+            if metrics is not None:
+                metrics.close()
+            try:
+                cache.close()
+            except Exception:
+                if not failed:
+                    raise
+            if redis:
+                from .levels.redis import RedisLevel
 
-            redis_level = RedisLevel(levels[0])  # type: ignore[arg-type]
-            if redis != "embedded":    # leave a shared server as we found it
-                redis_level.delete_many(list(redis_level.scan(b"")))
-            redis_level.close()
-        if own_dir:
-            shutil.rmtree(path, ignore_errors=True)
+                redis_level = RedisLevel(levels[0])  # type: ignore[arg-type]
+                try:
+                    if redis != "embedded":    # leave a shared server as we found it
+                        redis_level.delete_many(list(redis_level.scan(b"")))
+                except Exception:
+                    if not failed:
+                        raise
+                finally:
+                    redis_level.close()
+        finally:
+            if own_dir:
+                shutil.rmtree(path, ignore_errors=True)
     return DemoResult(events=events, cards=distinct, alerts=alerts, seconds=seconds,
                       heap_budget=heap_budget, state_bytes=state_bytes, mismatches=mismatches,
                       stats=stats)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import tempfile
 import threading
 
 import pytest
@@ -198,3 +199,48 @@ def test_stats_refuses_a_watch_or_port_out_of_range_before_scraping(argv, named,
     assert rc == 2 and "Traceback" not in err
     assert err.splitlines()[-1].startswith(f"mlcache stats: error: ")
     assert named in err.splitlines()[-1]
+
+
+# -- mlcache demo ----------------------------------------------------------------------------------
+
+def test_demo_with_its_metrics_port_in_use_is_one_line_and_cleans_up(tmp_path, monkeypatch,
+                                                                    capsys):
+    # serve() ran before the try: a port in use was an OSError traceback that left the
+    # manager open and the demo's temporary directory behind
+    from mlcache.cli import main as cli_main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        rc = cli_main(["demo", "--local", "--quick", "--metrics-port", str(port)])
+    finally:
+        busy.close()
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"mlcache demo: metrics_port: cannot serve on port "
+                                           f"{port}: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_with_no_redis_server_reports_why_and_cleans_up(tmp_path, monkeypatch, capsys):
+    # the job's LevelUnavailableError ('get failed') was replaced by the cleanup's own ('scan
+    # failed'), as a traceback, and the temporary directory was left behind
+    from mlcache.cli import main as cli_main
+    from mlcache.demo import run_local
+    from mlcache.errors import LevelUnavailableError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with socket.socket() as s:     # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(LevelUnavailableError, match="get failed"):
+        run_local(events=50, cards=10, redis=url, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    assert cli_main(["demo", "--local", "--quick", "--redis", url]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith(f"mlcache demo: redis level at {url}: ")
+    assert list(tmp_path.iterdir()) == []
