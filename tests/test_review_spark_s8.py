@@ -186,3 +186,26 @@ def test_a_lost_redis_is_a_level_unavailable_error_naming_the_url(unique_ns):
         store.close()
     finally:
         server.cleanup()
+
+
+@pytest.mark.spark
+def test_a_run_stopped_early_forwards_its_changes(spark, tmp_path, unique_ns):
+    # take(1) closes the partition's iterator after one row: the run's change is in the state
+    # (flushed), so the sink must get it; it was treated as a failed run and never forwarded.
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    cache = SparkCache(cfg, name="early")
+    count = cache.partitions(_add, key=lambda kv: kv[0])
+    path = str(tmp_path / "changes.jsonl")
+    taken = {}
+
+    def process(df, batch_id):
+        taken[batch_id] = df.rdd.map(lambda r: (r.k, 1)).mapPartitions(count).take(1)
+
+    run = cache.foreach_batch(process, sink=_FileSink(path))
+    for b in range(2):
+        run(spark.createDataFrame([("a",), ("b",), ("c",)], "k string").coalesce(1), b)
+    assert taken == {0: [("a", 1)], 1: [("a", 2)]}
+    assert cache.snapshot() == {"a": 2}
+    with open(path) as fh:
+        changes = [json.loads(line) for line in fh]
+    assert changes == [["a", 1, None], ["a", 2, 1]]

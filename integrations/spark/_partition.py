@@ -173,11 +173,12 @@ class _Run:
     def finish(self, completed: bool) -> None:
         """The commit point: make the state durable below the heap, then forward the changes.
 
-        A failed or abandoned run flushes too: its writes (tagged with its attempt, in a
-        micro-batch) must reach the shared level now, while this process still owns the
-        partition, and never later from an eviction after another process took over. Changes
-        are forwarded only once they are durable; a replay forwards them again (at least once
-        downstream, exactly once in the state).
+        A run whose consumer stopped reading early (its iterator closed) counts as completed.
+        A failed run flushes too: its writes (tagged with its attempt, in a micro-batch) must
+        reach the shared level now, while this process still owns the partition, and never
+        later from an eviction after another process took over. Changes are forwarded only
+        once they are durable; a replay forwards them again (at least once downstream, exactly
+        once in the state).
         """
         manager = self.ctx.manager
         if completed and self.scope.batch_id is not None:
@@ -206,6 +207,13 @@ def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterab
             records = _timed(run, records, keyfn)
         yield from fn(records, run.state)
         completed = True
+    except GeneratorExit:
+        # The consumer stopped reading (take, first, isEmpty: PySpark closes the iterator).
+        # The function did not fail and what it changed is the state once flushed, so the run
+        # commits and forwards its changes as a completed one; treated as failed, they stayed
+        # in the state but never reached the sinks, promised every durable change.
+        completed = True
+        raise
     finally:
         run.finish(completed)
 
@@ -396,6 +404,13 @@ def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Itera
     try:
         yield from fn(_hinted_frames(run, frames), run.state)
         completed = True
+    except GeneratorExit:
+        # The consumer stopped reading (take, first, isEmpty: PySpark closes the iterator).
+        # The function did not fail and what it changed is the state once flushed, so the run
+        # commits and forwards its changes as a completed one; treated as failed, they stayed
+        # in the state but never reached the sinks, promised every durable change.
+        completed = True
+        raise
     finally:
         run.finish(completed)
 
