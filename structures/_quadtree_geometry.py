@@ -207,14 +207,23 @@ def _mindist2(node: list, x: float, y: float) -> float:
     return dx * dx + dy * dy
 
 
+# A split (and a prune) recurses once a level: past Python's recursion limit a pile of
+# duplicates split down to a larger max_depth raised RecursionError halfway through the
+# change, leaving the root pointing at children that were never stored. 256 halvings make
+# cells 2**-256 of the bounds wide, finer than doubles separate points but next to zero.
+MAX_DEPTH = 256
+
+
 def _quadtree_meta(bounds: Any, capacity: int, max_depth: int) -> dict[str, Any]:
     if bounds is None:
         raise ValueError("a new quadtree needs bounds=(x0, y0, x1, y1)")
     b = _check_bounds(bounds)
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
-        raise ValueError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+    if (isinstance(max_depth, bool) or not isinstance(max_depth, int)
+            or not 0 <= max_depth <= MAX_DEPTH):
+        raise ValueError(f"max_depth must be an integer from 0 to {MAX_DEPTH}, "
+                         f"got {max_depth!r}")
     return {"len": 0, "bounds": b, "capacity": capacity, "max_depth": max_depth,
             "next": 1, "nodes": 1}
 

@@ -79,6 +79,25 @@ def test_a_time_that_cannot_be_compared_changes_nothing(tmp_path):
         assert [(p.data, p.ts) for p in qt] == [("a", 1.0)]
 
 
+
+# -- quadtree: settings that broke the tree ------------------------------------------------------
+
+def test_max_depth_past_the_recursion_limit_is_refused(tmp_path):
+    # a pile of duplicates split down to max_depth=3000 raised RecursionError halfway through
+    # the change: the root pointed at children never stored (verify: KeyError)
+    with CacheManager(tiny(tmp_path)) as m:
+        with pytest.raises(ValueError, match="max_depth must be an integer from 0 to 256"):
+            m.quadtree("deep", (0, 0, 1, 1), capacity=1, max_depth=3000)
+        with pytest.raises(ValueError, match="max_depth"):
+            PlainQuadtree((0, 0, 1, 1), max_depth=257)
+        qt = m.quadtree("deep", (0, 0, 1, 1), capacity=1, max_depth=256)
+        qt.insert_many([(0.5, 0.5, "a", 1.0), (0.5, 0.5, "b", 2.0), (0.25, 0.75, "c", 1.0)])
+        assert qt.height() == 256 and qt.verify() == 1025
+        assert qt.prune_older(1.5) == 2
+        assert qt.remove(0.5, 0.5).data == "b" and len(qt) == 0
+        qt.verify()
+
+
 # -- mlcache simulate: output files --------------------------------------------------------------
 
 SIM = ["--trace", "gen:zipf", "--requests", "2000", "--sizes", "10", "--policies", "lru",
