@@ -75,6 +75,12 @@ def _check_bounds(bounds: Any) -> list[float]:
         raise ValueError(f"bounds must be (x0, y0, x1, y1), got {bounds!r}") from None
     if not all(math.isfinite(v) for v in (x0, y0, x1, y1)) or not (x0 < x1 and y0 < y1):
         raise ValueError(f"bounds must be finite with x0 < x1 and y0 < y1, got {bounds!r}")
+    if not all(math.isfinite(2.0 * v) for v in (x0, y0, x1, y1)):
+        # a node's midpoint is (x0 + x1) * 0.5: past half the largest double the sum is inf,
+        # a quadrant's bounds became inf and grid_counts (x1 - x0 inf) put every point in
+        # cell (0, 0)
+        raise ValueError(f"bounds must lie within +-{sys.float_info.max / 2:.4g} (half the "
+                         f"largest float, so that midpoints do not overflow), got {bounds!r}")
     return [x0, y0, x1, y1]
 
 

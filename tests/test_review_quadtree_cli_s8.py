@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 import tempfile
 import threading
 
@@ -97,6 +98,19 @@ def test_max_depth_past_the_recursion_limit_is_refused(tmp_path):
         assert qt.remove(0.5, 0.5).data == "b" and len(qt) == 0
         qt.verify()
 
+
+def test_bounds_whose_midpoints_overflow_are_refused():
+    # bounds past half the largest double: x1 - x0 was inf, so grid_counts put every point in
+    # cell (0, 0), and a midpoint (x0 + x1) * 0.5 of an upper quadrant became inf
+    big = sys.float_info.max / 2
+    for bounds in [(-1e308, -1e308, 1e308, 1e308), (0.0, 0.0, 1.7e308, 1.0)]:
+        with pytest.raises(ValueError, match="bounds must lie within"):
+            PlainQuadtree(bounds)
+    qt = PlainQuadtree((-big, -big, big, big), capacity=1)
+    qt.insert_many([(big / 2, big / 2), (-big / 2, -big / 2), (big * 0.9, -big * 0.9), (big, big)])
+    assert qt.grid_counts(1) == {(1, 1): 2, (0, 0): 1, (1, 0): 1}
+    assert qt.grid_counts(3)[(7, 7)] == 1
+    qt.verify()
 
 # -- mlcache simulate: output files --------------------------------------------------------------
 
