@@ -209,3 +209,29 @@ def test_a_run_stopped_early_forwards_its_changes(spark, tmp_path, unique_ns):
     with open(path) as fh:
         changes = [json.loads(line) for line in fh]
     assert changes == [["a", 1, None], ["a", 2, 1]]
+
+
+@pytest.mark.parametrize("records, key, ts, says", [
+    ([("a", 1), (None, 2)], 0, None, "row (None, 2) in partition 0: record 1: key= returned an "
+                                     "unsupported key type NoneType"),
+    ([("a", 1), (["x"], 2)], 0, None, "row (['x'], 2) in partition 0: record 1: key= returned "
+                                      "an unsupported key type list"),
+    ([("a", 1), ("b", None)], 0, 1, "row ('b', None) in partition 0: record 1: key=/ts= raised"),
+    ([("a", 1), ("b", float("nan"))], 0, 1, "row ('b', nan) in partition 0: record 1: ts= "
+                                            "returned nan"),
+    ([("a", 1), ("b", 2)], lambda kv: kv[1] / 0, None, "key function <lambda> failed on row "
+                                                       "('a', 1) in partition 0"),
+])
+def test_a_bad_row_key_or_ts_names_the_row_and_partition(tmp_path, unique_ns, records, key, ts,
+                                                         says):
+    # The row path raised the lookahead's RecordKeyError, naming the record's index only
+    # (the pandas path named the row and the partition); a failing key function's error came
+    # wrapped in it.
+    from mlcache.integrations.spark import KeyFunctionError
+
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    pf = SparkCache(cfg, name="rows").partitions(_add, key=key, ts=ts)
+    with pytest.raises(KeyFunctionError) as info:
+        list(_run_partition(pf, records))
+    assert says in str(info.value)
+    assert info.value.partition == 0 and info.value.record in records

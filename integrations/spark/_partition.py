@@ -238,7 +238,19 @@ def _timed(run: _Run, records: Iterable[Any], keyfn: Callable[[Any], Any]) -> It
     def ts(record: Any) -> float:
         return float(spec_ts(record))
 
-    yield from prefetching(records, keyfn, ts=ts, cache=run.target, depth=run.spec.depth)
+    from mlcache.prefetch import RecordKeyError
+
+    try:
+        yield from prefetching(records, keyfn, ts=ts, cache=run.target, depth=run.spec.depth)
+    except RecordKeyError as exc:
+        # The operator names the record by its index only; a failing key function's error
+        # (its cause) already names the row and the partition, the others do now.
+        cause = exc.__cause__
+        if isinstance(cause, KeyFunctionError):
+            raise cause from cause.__cause__
+        raise KeyFunctionError(
+            f"row {_short(exc.record)} in partition {run.partition}: {exc}",
+            record=exc.record, partition=run.partition) from exc
 
 
 def _field_getter(name: Any) -> Callable[[Any], Any]:
