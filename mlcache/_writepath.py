@@ -13,11 +13,12 @@ buffer down (writer threads, retries, the I/O lock) is :mod:`mlcache.writeback`'
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._readpath import IMMUTABLE, Digests, event_time, same_bytes
-from .errors import SerializationError
+from .errors import CacheError, SerializationError
 
 __all__ = ["WritePath"]
 
@@ -75,10 +76,13 @@ class WritePath:
         pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
         with self._lock:
             self._check_open()
+            cold = self._cold
+            if cold.closing is not None and cold.closing != threading.get_ident():
+                raise CacheError("this CacheManager is closed")   # close() is under way
             if self._reads or self._reads_ts:
                 self._apply_reads()
             wb = self._wb
-            pin_errors = self._cold.pin_errors
+            pin_errors = cold.pin_errors
             for i, ((key, kb, value), raw) in enumerate(zip(items, raws)):
                 wb.tombstones.discard(kb)
                 self._digests.pop(kb, None)
@@ -117,6 +121,9 @@ class WritePath:
         pre = rc.before_write(kbs, None) if rc is not None else None
         with self._lock:
             self._check_open()
+            closing = self._cold.closing
+            if closing is not None and closing != threading.get_ident():
+                raise CacheError("this CacheManager is closed")   # close() is under way
             for kb in kbs:
                 if rc is not None:
                     rc.note_delete(kb, pre)

@@ -88,7 +88,7 @@ class _Cold:
     With its mixins' state the manager had 37. ``tests/test_manager.py`` keeps the count down:
     put new state here unless the hit or put path reads it."""
 
-    __slots__ = ("good_types", "hits", "last_checkpoint_id", "level_names", "loading",
+    __slots__ = ("closing", "good_types", "hits", "last_checkpoint_id", "level_names", "loading",
                  "memo_total", "namespaces", "pin_errors", "stats", "structures", "weighers")
 
     memo_total: int  # key memo entries charged to the heap budget (see HeapBudget)
@@ -103,6 +103,7 @@ class _Cold:
     # (namespace prefix, weigh(value) -> int | None): see CacheManager._weigh_with
     weighers: list[tuple[bytes, Callable[[Any], int | None]]]
     last_checkpoint_id: Any
+    closing: int | None  # the thread running close(): other threads' writes are refused
 
 
 class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
@@ -194,6 +195,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._closed = False
         _LIVE.add(self)
         self._cold.last_checkpoint_id = None
+        self._cold.closing = None
         self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
         if self._heap is not None and self._heap.policy.name == "dedup":
             from .recordcache import RecordCache
@@ -448,7 +450,16 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             prefetcher.close()
             self._prefetcher = None
             self._pf_landed = None
-        self.checkpoint()
+        # A write another thread makes from here on would land after the checkpoint and be
+        # dropped with the heap: refused instead (this thread's own, a flush listener's, count)
+        with self._lock:
+            self._cold.closing = threading.get_ident()
+        try:
+            self.checkpoint()
+        except BaseException:
+            with self._lock:
+                self._cold.closing = None
+            raise
         with self._lock:
             self._closed = True
         self._wb.stop()
