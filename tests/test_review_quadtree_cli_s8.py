@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -276,4 +277,38 @@ def test_demo_with_no_redis_server_reports_why_and_cleans_up(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith(f"mlcache demo: redis level at {url}: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- examples/event_detection.py -----------------------------------------------------------------
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "event_detection.py")
+
+
+def _example(args, tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--intervals", "12"], "--intervals"), (["--intervals", "-3"], "--intervals"),
+    (["--posts", "-1"], "--posts"), (["--bursts", "-1"], "--bursts"),
+    (["--heap-mib", "0"], "--heap-mib"), (["--heap-mib", "nan"], "--heap-mib"),
+    (["--redis", "http://x"], "--redis")])
+def test_the_example_refuses_bad_arguments_in_one_line(args, named, tmp_path):
+    # each was a traceback (randrange's empty range, ConfigError, int(nan)); --bursts -1 ran
+    # with no bursts
+    run = _example(args, tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert named in last and last.startswith("event_detection.py: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_example_leaves_no_directory_behind(tmp_path):
+    # its disk level's directory (tempfile.mkdtemp) was never removed
+    run = _example(["--intervals", "13", "--posts", "50"], tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "planted bursts found" in run.stdout
     assert list(tmp_path.iterdir()) == []
