@@ -361,6 +361,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         """Forget this process's clean heap copies of a namespace's keys (``None``: the
         manager's own keys). Dirty entries stay (they are newer than anything below). Used for
         coherence when another process may have changed a shared level; returns the count."""
+        self._check_open()
         prefix = self._prefix if namespace is None else self.namespace(namespace)._prefix
         heap = self._heap
         if heap is None:

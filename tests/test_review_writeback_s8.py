@@ -354,3 +354,15 @@ def test_a_put_from_another_thread_during_close_is_refused_not_lost(redis_url):
                 assert "closed" in outcome[op]
         if outcome["delete"] != "ok":
             assert again.get("before") == 1
+
+
+def test_invalidate_local_after_close_raises_like_the_other_calls(redis_url):
+    # it returned 0, as if there had been nothing to forget, where every other call of a
+    # closed manager raises
+    m = CacheManager(CacheConfig(heap=HeapConfig(max_entries=10, max_bytes=None),
+                                 levels=(RedisConfig(url=redis_url, prefix="inv"),)))
+    m.put("k", 1)
+    m.close()
+    for call in (m.invalidate_local, lambda: m.invalidate_local("other")):
+        with pytest.raises(CacheError, match="closed"):
+            call()
