@@ -418,8 +418,13 @@ class WriteBack:
                 carry = _joined(carry)
             try:
                 victims = level.put_many(carry)
-            except Exception:
+            except Exception as exc:
                 self._requeue(i, carry)
+                # a failed write that may have been applied (a bounded Redis level's EXEC
+                # whose reply was lost) names the victims it may have removed: queued below
+                maybe = getattr(exc, "maybe_victims", None)
+                if maybe and i < last:
+                    self._requeue(i + 1, maybe)
                 raise
             st.writes += 1
             st.keys_written += len(carry)

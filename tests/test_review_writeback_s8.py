@@ -366,3 +366,41 @@ def test_invalidate_local_after_close_raises_like_the_other_calls(redis_url):
     for call in (m.invalidate_local, lambda: m.invalidate_local("other")):
         with pytest.raises(CacheError, match="closed"):
             call()
+
+
+def test_a_bounded_write_failing_after_exec_was_applied_loses_no_victim(redis_url, tmp_path):
+    # The same lost EXEC reply, with no retry left (RedisConfig.retries=0): the level raised
+    # LevelUnavailableError, the write-back requeued the batch, and the next attempt planned
+    # afresh: the victims the applied plan had unlinked from Redis were in no level. The
+    # error now carries the victims the failed write may have removed, and the write-back
+    # queues them for the level below (a copy of one still in Redis is harmless).
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = _DropAfterExec(port)
+    config = CacheConfig(heap=HeapConfig(policy="lru", max_entries=1, max_bytes=None),
+                         levels=(RedisConfig(url=proxy.url, prefix="applied", max_bytes=1200,
+                                             retries=0),
+                                 DiskConfig(path=str(tmp_path / "disk"))),
+                         retry_attempts=3, retry_backoff=0.01)
+    value = {i: b"v" * 100 for i in range(12)}
+    try:
+        with CacheManager(config) as m:
+            for i in range(8):
+                m.put(i, value[i])
+            m.flush()
+            assert m.stats()["levels"]["redis"]["evictions"].get("overflow", 0) == 0
+            proxy.armed.set()
+            for i in range(8, 12):
+                m.put(i, value[i])
+            m.flush()
+            assert proxy.dropped.is_set()
+            assert all(m.get(i) == value[i] for i in range(12))
+        import redis as redis_py
+
+        client = redis_py.Redis.from_url(redis_url)
+        client.flushall()                # the store of record alone must have everything
+        client.close()
+        with CacheManager(config) as again:
+            missing = [i for i in range(12) if again.get(i) != value[i]]
+            assert not missing, missing
+    finally:
+        proxy.close()

@@ -440,7 +440,15 @@ class RedisLevel:
             pending.clear()
             return self._put_bounded(client, bounded, limit, marker, pending)
 
-        return self._run("put", go)
+        try:
+            return self._run("put", go)
+        except LevelUnavailableError as exc:
+            if pending and pending[-1]:
+                # An EXEC was sent and nothing says it was not applied (its reply lost, the
+                # marker unreachable): its victims may be gone from Redis. The caller writes
+                # them below (a copy of an entry still here is harmless; a lost one is not).
+                exc.maybe_victims = list(pending[-1])   # type: ignore[attr-defined]
+            raise
 
     def _ensure_accounting(self, client: redis.Redis) -> None:
         """Start the byte counter from what is stored (data written while unbounded counts)."""
