@@ -235,3 +235,18 @@ def test_a_bad_row_key_or_ts_names_the_row_and_partition(tmp_path, unique_ns, re
         list(_run_partition(pf, records))
     assert says in str(info.value)
     assert info.value.partition == 0 and info.value.record in records
+
+
+def _no_output(pairs, state):
+    for k, v in pairs:
+        state[k] = v                     # updates the state, forgets to return anything
+
+
+def test_a_function_returning_none_is_named(tmp_path, unique_ns):
+    # 'yield from None' raised "TypeError: 'NoneType' object is not iterable" from the helper,
+    # naming neither the partition function nor what it should return.
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    pf = SparkCache(cfg, name="none").partitions(_no_output, key=0)
+    with pytest.raises(TypeError, match="partition function _no_output returned NoneType, "
+                                        "not an iterable of output rows"):
+        _run_partition(pf, [("a", 1)])

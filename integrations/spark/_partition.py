@@ -205,7 +205,7 @@ def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterab
         keyfn = run.key_function()
         if keyfn is not None and spec.prefetch:
             records = _timed(run, records, keyfn)
-        yield from fn(records, run.state)
+        yield from _output(fn, fn(records, run.state))
         completed = True
     except GeneratorExit:
         # The consumer stopped reading (take, first, isEmpty: PySpark closes the iterator).
@@ -216,6 +216,17 @@ def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterab
         raise
     finally:
         run.finish(completed)
+
+
+def _output(fn: Any, out: Any) -> Iterable[Any]:
+    """What ``fn`` returned, checked to be iterable: ``yield from None`` raised "'NoneType'
+    object is not iterable" from this module, naming neither the function nor the fix."""
+    try:
+        return iter(out)
+    except TypeError:
+        raise TypeError(f"partition function {_fn_name(fn)} returned {type(out).__name__}, "
+                        "not an iterable of output rows: yield them, or return a list (an "
+                        "empty one for no output)") from None
 
 
 def _timed(run: _Run, records: Iterable[Any], keyfn: Callable[[Any], Any]) -> Iterator[Any]:
@@ -414,7 +425,7 @@ def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Itera
     run = _Run(spec)
     completed = False
     try:
-        yield from fn(_hinted_frames(run, frames), run.state)
+        yield from _output(fn, fn(_hinted_frames(run, frames), run.state))
         completed = True
     except GeneratorExit:
         # The consumer stopped reading (take, first, isEmpty: PySpark closes the iterator).
