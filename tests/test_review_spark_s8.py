@@ -250,3 +250,20 @@ def test_a_function_returning_none_is_named(tmp_path, unique_ns):
     with pytest.raises(TypeError, match="partition function _no_output returned NoneType, "
                                         "not an iterable of output rows"):
         _run_partition(pf, [("a", 1)])
+
+
+def test_a_nan_pandas_ts_names_the_row_and_partition(tmp_path, unique_ns):
+    # A null in the ts column (NaN) came out as the operator's RecordKeyError, 'record 7: ts=
+    # returned nan', numbering the rows across batches and naming neither row nor partition.
+    import pandas as pd
+
+    from mlcache.integrations.spark import KeyFunctionError
+
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    pf = SparkCache(cfg, name="nan").pandas(_count_rows, key="k", ts="t")
+    frames = [pd.DataFrame({"k": ["a", "b"], "t": [1.0, 2.0]}),
+              pd.DataFrame({"k": ["c", "d"], "t": [3.0, float("nan")]})]
+    with pytest.raises(KeyFunctionError) as info:
+        _run_partition(pf, frames)
+    assert ("row {'k': 'd', 't': nan} (row 1 of its batch) in partition 0: ts= returned nan"
+            in str(info.value)), str(info.value)

@@ -390,6 +390,8 @@ def _hinted_frames(run: _Run, frames: Iterable[Any]) -> Iterator[Any]:
     why chunks are small. Hinting whole Arrow batches at once was the rejected alternative:
     with a heap smaller than a batch's keys the prefetches evicted each other before use.
     """
+    from mlcache.prefetch import RecordKeyError
+
     rows: Iterable[tuple[Any, int, Any, float]] = _frame_rows(run, frames)
     if run.spec.prefetch:
         from mlcache.prefetch import prefetching
@@ -399,15 +401,23 @@ def _hinted_frames(run: _Run, frames: Iterable[Any]) -> Iterator[Any]:
     # row the operator handed over (the chunk's last): the rows' entries were hinted no later.
     current: Any = None
     lo = n = 0
-    for frame, i, _k, _t in rows:
-        if frame is not current:
-            if current is not None and n:
+    try:
+        for frame, i, _k, _t in rows:
+            if frame is not current:
+                if current is not None and n:
+                    yield _slice(current, lo, lo + n)
+                current, lo, n = frame, i, 0
+            n += 1
+            if n >= FRAME_CHUNK:
                 yield _slice(current, lo, lo + n)
-            current, lo, n = frame, i, 0
-        n += 1
-        if n >= FRAME_CHUNK:
-            yield _slice(current, lo, lo + n)
-            lo, n = lo + n, 0
+                lo, n = lo + n, 0
+    except RecordKeyError as exc:
+        # (a NaN ts=): the operator numbers the rows across the batches and names no row
+        frame, i = exc.record[0], exc.record[1]
+        row = _row_of(frame, i)
+        raise KeyFunctionError(
+            f"row {_short(row)} (row {i} of its batch) in partition {run.partition}: "
+            f"{str(exc).split(': ', 1)[-1]}", record=row, partition=run.partition) from exc
     if current is not None and n:
         yield _slice(current, lo, lo + n)
 
