@@ -404,3 +404,36 @@ def test_a_bounded_write_failing_after_exec_was_applied_loses_no_victim(redis_ur
             assert not missing, missing
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("max_bytes", [None, 10 << 20])
+def test_a_value_over_the_servers_bulk_limit_is_named_in_the_error(own_redis, max_bytes):
+    # A value longer than the server's proto-max-bulk-len (512 MiB by default; here set to
+    # its 1 MiB minimum) is refused by Redis with "Protocol error: invalid bulk length", and
+    # the connection closed. The error said only that (bounded: "Connection closed by
+    # server"): nothing named the key, and every flush failed the same way while the batch
+    # holding it stayed queued. It now names the key, its size and the server's limit.
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(own_redis.url)
+    client.config_set("proto-max-bulk-len", 1 << 20)
+    client.close()
+    config = CacheConfig(heap=HeapConfig(policy="lru", max_entries=1, max_bytes=None),
+                         levels=(RedisConfig(url=own_redis.url, prefix="bulk", retries=0,
+                                             max_bytes=max_bytes),),
+                         retry_attempts=1)
+    m = CacheManager(config)
+    m.put(("blob", 7), b"x" * (2 << 20))
+    m.put("small", 1)
+    with pytest.raises(LevelUnavailableError) as info:
+        m.flush()
+    message = str(info.value)
+    assert "('blob', 7)" in message and "proto-max-bulk-len" in message, message
+    assert "1048576" in message, message
+    assert info.value.key == ("blob", 7)
+    # deleting the key the error names lets everything else through
+    m.delete(("blob", 7))
+    m.flush()
+    m.close()
+    with CacheManager(config) as again:
+        assert again.get("small") == 1 and again.get(("blob", 7)) is None

@@ -418,7 +418,11 @@ class RedisLevel:
                              len(commands), self._own_connection(client))
                 return []
 
-            return self._run("put", go_plain)
+            try:
+                return self._run("put", go_plain)
+            except LevelUnavailableError as exc:
+                self._raise_if_over_bulk_limit(batch, exc)
+                raise
         bounded: dict[bytes, bytes] = {}
         for key, value in items:
             # (an Encoded value is joined here: a bounded level reads the sizes it replaces)
@@ -448,7 +452,44 @@ class RedisLevel:
                 # marker unreachable): its victims may be gone from Redis. The caller writes
                 # them below (a copy of an entry still here is harmless; a lost one is not).
                 exc.maybe_victims = list(pending[-1])   # type: ignore[attr-defined]
+            self._raise_if_over_bulk_limit(bounded, exc)
             raise
+
+    def _raise_if_over_bulk_limit(self, batch: dict[bytes, Any],
+                                  exc: LevelUnavailableError) -> None:
+        """After a failed write: if the batch holds a value longer than the server takes (its
+        ``proto-max-bulk-len``, 512 MiB by default, at least 1 MiB), raise ``exc`` again with
+        a message naming that key, its size and the limit. Redis answers such a command with
+        "Protocol error: invalid bulk length" and closes the connection, which said nothing
+        of which value. Asks the server only when a value of 1 MiB or more was in the batch."""
+        big = [(k, len(v)) for k, v in batch.items() if len(v) >= 1 << 20]
+        if not big:
+            return
+        try:
+            reply: Any = self._run("config", lambda client: client.config_get(
+                "proto-max-bulk-len"))
+            limit = int(reply["proto-max-bulk-len"])
+        except Exception:  # noqa: BLE001 (unreachable, CONFIG not allowed: the error as it was)
+            return
+        over = [(k, n) for k, n in big if n > limit]
+        if not over:
+            return
+        from ..keys import split_key
+
+        try:
+            key: Any = split_key(over[0][0])[1]
+        except Exception:  # noqa: BLE001 (not a key mlcache made: its bytes)
+            key = over[0][0]
+        more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+        error = LevelUnavailableError(
+            f"redis level at {redacted_url(self.url)}: put: the value of key {key!r} is "
+            f"{over[0][1]} bytes{more}, over the server's proto-max-bulk-len ({limit}): Redis "
+            f"refuses it, and the batch holding it stays queued (delete the key, store it "
+            f"smaller, or raise the server's limit)", level=self.name, key=key)
+        maybe = getattr(exc, "maybe_victims", None)
+        if maybe is not None:
+            error.maybe_victims = maybe   # type: ignore[attr-defined]
+        raise error from exc
 
     def _ensure_accounting(self, client: redis.Redis) -> None:
         """Start the byte counter from what is stored (data written while unbounded counts)."""
