@@ -454,12 +454,15 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         # A write another thread makes from here on would land after the checkpoint and be
         # dropped with the heap: refused instead (this thread's own, a flush listener's, count)
         with self._lock:
-            self._cold.closing = threading.get_ident()
+            mine = self._cold.closing is None   # (a second close() racing leaves the first's)
+            if mine:
+                self._cold.closing = threading.get_ident()
         try:
             self.checkpoint()
         except BaseException:
-            with self._lock:
-                self._cold.closing = None
+            if mine:
+                with self._lock:
+                    self._cold.closing = None
             raise
         with self._lock:
             self._closed = True
