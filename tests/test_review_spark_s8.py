@@ -267,3 +267,22 @@ def test_a_nan_pandas_ts_names_the_row_and_partition(tmp_path, unique_ns):
         _run_partition(pf, frames)
     assert ("row {'k': 'd', 't': nan} (row 1 of its batch) in partition 0: ts= returned nan"
             in str(info.value)), str(info.value)
+
+
+def test_spark_conf_level_settings_outside_the_levels_list_are_refused():
+    # spark.mlcache.redis.url beside spark.mlcache.levels=disk was dropped silently: a
+    # disk-only config, whose state is shared by the workers of one host only.
+    from mlcache.errors import ConfigError
+    from mlcache.integrations.spark import config_from_spark_conf
+
+    conf = {"spark.mlcache.levels": "disk", "spark.mlcache.disk.path": "/tmp/mlcache-s8",
+            "spark.mlcache.redis.url": "redis://cache:6379/0",
+            "spark.mlcache.redis.prefix": "jobs"}
+    with pytest.raises(ConfigError, match=r"spark\.mlcache\.redis\.prefix: is set but "
+                                          r"spark\.mlcache\.levels \('disk'\) does not list "
+                                          r"'redis'"):
+        config_from_spark_conf(conf)
+    conf["spark.mlcache.levels"] = "redis, disk"
+    cfg = config_from_spark_conf(conf)
+    assert [lv.kind for lv in cfg.levels] == ["redis", "disk"]
+    assert cfg.levels[0].url == "redis://cache:6379/0" and cfg.levels[0].prefix == "jobs"

@@ -94,6 +94,14 @@ def config_from_spark_conf(conf: Any) -> CacheConfig | None:
             raise ConfigError(CONF_PREFIX + name, "unknown setting")
     if order is None:
         order = [k for k in ("arena", "redis", "disk") if k in level_specs] or None
+    else:
+        # a level's settings with a levels list that leaves it out were dropped silently (a
+        # redis.url beside levels=disk made a disk-only config, coherent on one host only)
+        for kind in sorted(set(level_specs) - set(order)):
+            first = sorted(k for k in level_specs[kind] if k != "type")[0]
+            raise ConfigError(f"{CONF_PREFIX}{kind}.{first}",
+                              f"is set but {CONF_PREFIX}levels ({entries['levels']!r}) does not "
+                              f"list {kind!r}")
     if order is not None:
         data["levels"] = [level_specs.get(n, {"type": n}) for n in order]
     try:
