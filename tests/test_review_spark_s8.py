@@ -14,7 +14,9 @@ import multiprocessing
 import sys
 import zlib
 from collections import Counter
+from typing import Iterator
 
+import pandas as pd
 import pytest
 from pyspark import cloudpickle
 
@@ -143,8 +145,6 @@ def test_a_pandas_key_or_ts_not_one_per_row_is_refused(tmp_path, unique_ns, key,
     # fewer keys than rows dropped the others silently; a short or scalar ts= raised a bare
     # IndexError/TypeError from the helper. The partition runs here without a SparkSession
     # (no TaskContext: partition 0), as a worker runs it.
-    import pandas as pd
-
     from mlcache.integrations.spark import KeyFunctionError
 
     cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
@@ -255,8 +255,6 @@ def test_a_function_returning_none_is_named(tmp_path, unique_ns):
 def test_a_nan_pandas_ts_names_the_row_and_partition(tmp_path, unique_ns):
     # A null in the ts column (NaN) came out as the operator's RecordKeyError, 'record 7: ts=
     # returned nan', numbering the rows across batches and naming neither row nor partition.
-    import pandas as pd
-
     from mlcache.integrations.spark import KeyFunctionError
 
     cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
@@ -286,3 +284,33 @@ def test_spark_conf_level_settings_outside_the_levels_list_are_refused():
     cfg = config_from_spark_conf(conf)
     assert [lv.kind for lv in cfg.levels] == ["redis", "disk"]
     assert cfg.levels[0].url == "redis://cache:6379/0" and cfg.levels[0].prefix == "jobs"
+
+
+@pytest.mark.spark
+def test_a_pandas_udf_reused_across_micro_batches_runs_each_batch(spark, tmp_path, unique_ns):
+    # A pandas UDF pickles its command once, on first use, so one defined outside the
+    # foreachBatch function carried batch 0's id into every later batch: each ran as a replay
+    # of batch 0 and its effects replaced the previous batch's (a stayed at 2 over 3 batches).
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),), namespace=unique_ns)
+    seen = SparkCache(cfg, name="seen")
+
+    @seen.pandas_udf("long")
+    def occurrence(values: Iterator[pd.Series], state) -> Iterator[pd.Series]:
+        for batch in values:
+            out = []
+            for v in batch:
+                state[v] = state.get(v, 0) + 1
+                out.append(state[v])
+            yield pd.Series(out)
+
+    outputs = {}
+
+    def process(df, batch_id):
+        rows = df.repartition(2, "k").select("k", occurrence("k").alias("n")).collect()
+        outputs[batch_id] = sorted(tuple(r) for r in rows)
+
+    run = seen.foreach_batch(process)
+    for b in range(3):
+        run(spark.createDataFrame([("a",), ("b",), ("a",)], "k string"), b)
+    assert outputs[2] == [("a", 5), ("a", 6), ("b", 3)]
+    assert seen.snapshot() == {"a": 6, "b": 3}

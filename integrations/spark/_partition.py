@@ -110,6 +110,9 @@ class PartitionSpec:
     batch_id: int | None = None
     listeners: tuple = ()
     collect_stats: bool = False
+    # batch_id came from the foreach_batch call the function was pickled in, not for_batch():
+    # the running batch's local property, when the task has it, comes first (see _Run)
+    batch_from_context: bool = False
 
 
 def _listener_calls(listeners: Iterable[Any]) -> list[Callable[[Any, Any, Any], Any]]:
@@ -132,9 +135,14 @@ class _Run:
         tc = TaskContext.get()
         self.partition = tc.partitionId() if tc is not None else 0
         batch = spec.batch_id
-        if batch is None and tc is not None:
+        if tc is not None and (batch is None or spec.batch_from_context):
+            # A function pickled once and run in later batches carries the batch it was
+            # pickled in: a pandas UDF caches its pickled command on first use, so one defined
+            # outside the foreachBatch function ran every later batch as a replay of that one,
+            # and each batch's effects replaced the previous batch's.
             raw = tc.getLocalProperty(BATCH_PROPERTY)
-            batch = int(raw) if raw not in (None, "") else None
+            if raw not in (None, ""):
+                batch = int(raw)
         self.spec = spec
         self.ctx: WorkerContext = worker_context(spec.config)
         self.ctx.take_partition(spec.scope, self.partition)
@@ -478,7 +486,8 @@ class PartitionFunction:
         ctx = current_batch()
         if ctx is not None and self.spec.batch_id is None:
             state["spec"] = replace(self.spec, batch_id=ctx.batch_id,
-                                    listeners=self.spec.listeners + ctx.sinks_for(self.spec))
+                                    listeners=self.spec.listeners + ctx.sinks_for(self.spec),
+                                    batch_from_context=True)
         return state
 
     def __repr__(self) -> str:
