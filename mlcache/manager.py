@@ -38,7 +38,7 @@ from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as 
                         event_time, found_by_key)
 from ._writepath import WritePath
 from .codec import Codec
-from .config import CacheConfig
+from .config import ArenaConfig, CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
 from .keys import decode_key, namespace_prefix
 from .levels.heap import HeapLevel
@@ -358,14 +358,19 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         return key_bytes in self._data
 
     def invalidate_local(self, namespace: str | None = None) -> int:
-        """Forget this process's clean heap copies of a namespace's keys (``None``: the
-        manager's own keys). Dirty entries stay (they are newer than anything below). Used for
-        coherence when another process may have changed a shared level; returns the count."""
+        """Forget this process's clean copies of a namespace's keys (``None``: the manager's own
+        keys): the heap's, and those of an arena level that has a level below it (an arena is in
+        this process's memory too). Dirty entries stay (they are newer than anything below), and
+        so does an arena's copy not yet copied down. Used for coherence when another process may
+        have changed a shared level; returns the number of copies forgotten."""
         self._check_open()
         prefix = self._prefix if namespace is None else self.namespace(namespace)._prefix
+        # the arenas first: the heap's drop below also forgets reads in flight, which may have
+        # read an arena copy
+        forgotten = self._forget_arena_copies(prefix)
         heap = self._heap
         if heap is None:
-            return 0
+            return forgotten
         with self._lock:
             self._apply_reads()
             drop = [kb for kb in heap.data
@@ -383,7 +388,22 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         if self._prefetcher is not None:
             self._prefetcher.drop_staged(prefix)
         self._wb.ensure_writers()
-        return len(drop)
+        return forgotten + len(drop)
+
+    def _forget_arena_copies(self, prefix: bytes) -> int:
+        wb = self._wb
+        last = len(wb.levels) - 1
+        forgotten = 0
+        for i, lc in enumerate(self.config.levels):
+            if i == last or not isinstance(lc, ArenaConfig):
+                continue   # the last level holds the only copy of what it holds
+            level = wb.levels[i]
+            with wb.io_lock:   # what copy_down holds: newer[i] and the level's keys
+                stale = [kb for kb in level.scan(prefix) if kb not in wb.newer[i]]
+                if stale:
+                    level.delete_many(stale)
+                    forgotten += len(stale)
+        return forgotten
 
     # -- writes ------------------------------------------------------------------------------
 

@@ -106,23 +106,10 @@ class WorkerContext:
 
 
 def drop_local(manager: Any, namespace: str) -> None:
-    """Forget this process's clean copies of ``namespace``: its heap copies and those of a
-    level in process memory (an arena), which ``invalidate_local`` leaves. Dirty ones are
-    newer than the shared level and stay; at a partition start there are none, the previous
-    run flushed (and copied down through an arena)."""
-    levels = manager.config.levels
-    if any(isinstance(lc, ArenaConfig) for lc in levels):
-        prefix = manager.namespace(namespace)._prefix
-        wb = manager._wb
-        for i, lc in enumerate(levels):
-            if not isinstance(lc, ArenaConfig):
-                continue
-            level = wb.levels[i]
-            with wb.io_lock:            # what copy_down holds: newer[i] and the level's keys
-                stale = [kb for kb in level.scan(prefix) if kb not in wb.newer[i]]
-                if stale:
-                    level.delete_many(stale)
-    # after the arena: the heap drop also forgets reads in flight, which may have read it
+    """Forget this process's clean copies of ``namespace`` (``invalidate_local``: the heap's
+    and an arena's above a shared level). Dirty ones are newer than the shared level and stay;
+    at a partition start there are none, the previous run flushed (and copied down through an
+    arena)."""
     manager.invalidate_local(namespace=namespace)
 
 
