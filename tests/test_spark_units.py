@@ -161,3 +161,17 @@ def test_executor_manager_is_one_per_process_and_rebuilt_after_fork(tmp_path, un
         store.close()
     assert sorted(int(w.split(":")[1]) for w in creations) == sorted([os.getpid(), pid])
     assert set(creations.values()) == {1}
+
+
+@pytest.mark.parametrize("levels", ["disk,disk", "redis, disk, redis"])
+def test_spark_conf_a_level_listed_twice_is_refused(levels):
+    """levels=disk,disk was accepted as two levels on one path (each kind has one set of
+    settings in the Spark conf, so a repeat can only be the same level twice)."""
+    from mlcache.errors import ConfigError
+    from mlcache.integrations.spark import config_from_spark_conf
+
+    conf = {"spark.mlcache.levels": levels, "spark.mlcache.disk.path": "/tmp/mlcache-twice",
+            "spark.mlcache.redis.url": "redis://cache:6379/0"}
+    with pytest.raises(ConfigError, match=r"spark\.mlcache\.levels: level '(disk|redis)' is "
+                                          r"listed 2 times"):
+        config_from_spark_conf(conf)

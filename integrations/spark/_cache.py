@@ -154,9 +154,11 @@ class SparkCache:
             store.close()
 
     def snapshot(self, state: str = "state") -> dict[Any, Any]:
-        """The committed contents of the dict ``state`` across all partitions (driver-side).
+        """The contents of the dict ``state`` across all partitions (driver-side).
 
-        Reads the shared levels with a fresh manager, so it sees what the executors flushed.
+        Reads the shared levels with a fresh manager, so it sees what the executors flushed:
+        the committed state, plus what a failed run wrote before it failed, until the batch's
+        replay (which starts from the committed state) replaces it.
         """
         from mlcache import CacheManager
 

@@ -83,6 +83,13 @@ def config_from_spark_conf(conf: Any) -> CacheConfig | None:
                 if n not in LEVEL_KINDS:
                     raise ConfigError(CONF_PREFIX + "levels",
                                       f"unknown level {n!r}; known: {sorted(LEVEL_KINDS)}")
+            # each kind has one set of settings here, so a repeat would be the same level twice
+            # (levels=disk,disk: two levels on one path)
+            for n in set(order):
+                if order.count(n) > 1:
+                    raise ConfigError(CONF_PREFIX + "levels",
+                                      f"level {n!r} is listed {order.count(n)} times in "
+                                      f"{raw!r}; each kind may appear once")
         elif head in LEVEL_KINDS and rest:
             level_specs.setdefault(head, {"type": head})[rest] = (
                 raw if name in _TEXT else _value(raw))
