@@ -31,6 +31,34 @@ def _halvings(lo: float, hi: float, levels: int) -> list[float]:
     return _halvings(lo, mid, levels - 1) + [mid] + _halvings(mid, hi, levels - 1)
 
 
+def _cell(lo: float, hi: float, levels: int, v: float) -> int:
+    """The cell of ``v`` after ``levels`` halvings of ``[lo, hi]`` (``v >= mid`` goes right):
+    what ``bisect_right`` over ``_halvings(lo, hi, levels)`` gives, without its 2**levels
+    midpoints."""
+    i = 0
+    for _ in range(levels):
+        mid = (lo + hi) * 0.5
+        if v >= mid:
+            i, lo = 2 * i + 1, mid
+        else:
+            i, hi = 2 * i, mid
+    return i
+
+
+def _deep_cells(node: list, levels: int, xs: list, ys: list) -> Counter:
+    """``Counter`` of the ``(ix, iy)`` cells of points ``xs``, ``ys`` in leaf ``node``,
+    ``levels`` halvings down."""
+    x0, x1, y0, y1 = node[X0], node[X1], node[Y0], node[Y1]
+    return Counter((_cell(x0, x1, levels, x), _cell(y0, y1, levels, y))
+                   for x, y in zip(xs, ys))
+
+
+# past this many halvings below a leaf, grid_counts finds each point's cell by halving (a
+# loop per point) rather than from the list of every midpoint, which has 2**levels - 1 items
+# (grid_counts(30) over a tree of one point took all the memory there was)
+_HALVINGS_MAX = 10
+
+
 class _QuadtreeQueries:
     """Queries over ``self._nodes`` / ``self._node`` and ``self._meta``."""
 
@@ -144,6 +172,9 @@ class _QuadtreeQueries:
         ``{(ix, iy): count}`` for non-empty cells; cell ``(ix, iy)`` is the quadrant reached
         by ``depth`` halvings. Reads no node deeper than ``depth``; with ``cells``, only the
         nodes on the way to those cells (a density lookup for a few regions)."""
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            # (a RecursionError from the halvings for -1 or 2.5)
+            raise ValueError(f"depth must be an integer >= 0, got {depth!r}")
         bx0, by0, bx1, by1 = self._meta["bounds"]
         out: dict[tuple[int, int], int] = {}
         wanted: list[set] | None = None
@@ -171,10 +202,12 @@ class _QuadtreeQueries:
                 # right), the lines made by the very same halvings; counted in C
                 levels = depth - nd
                 xs, ys = _columns(node[PTS])
-                local = Counter(zip(map(bisect_right, repeat(_halvings(node[X0], node[X1],
-                                                                        levels)), xs),
-                                    map(bisect_right, repeat(_halvings(node[Y0], node[Y1],
-                                                                        levels)), ys)))
+                if levels <= _HALVINGS_MAX:
+                    local = Counter(zip(
+                        map(bisect_right, repeat(_halvings(node[X0], node[X1], levels)), xs),
+                        map(bisect_right, repeat(_halvings(node[Y0], node[Y1], levels)), ys)))
+                else:
+                    local = _deep_cells(node, levels, xs, ys)
                 for (lx, ly), n in local.items():
                     cell = ((ix << levels) + lx, (iy << levels) + ly)
                     if wanted is None or cell in wanted[depth]:

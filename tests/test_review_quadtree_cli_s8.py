@@ -113,6 +113,46 @@ def test_bounds_whose_midpoints_overflow_are_refused():
     assert qt.grid_counts(3)[(7, 7)] == 1
     qt.verify()
 
+
+def _cell_of(p, bounds, depth):
+    x0, y0, x1, y1 = bounds
+    ix = iy = 0
+    for _ in range(depth):
+        mx, my = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+        ix, x0, x1 = (2 * ix + 1, mx, x1) if p[0] >= mx else (2 * ix, x0, mx)
+        iy, y0, y1 = (2 * iy + 1, my, y1) if p[1] >= my else (2 * iy, y0, my)
+    return ix, iy
+
+
+def test_grid_counts_deep_below_a_leaf_does_not_build_every_midpoint():
+    # a leaf answered from the list of all 2**levels - 1 midpoints below it: grid_counts(30)
+    # over a tree of one point needed ~17 GiB (23 took 7 s); a depth of -1 or 2.5 was a
+    # RecursionError
+    qt = PlainQuadtree((0, 0, 1, 1))
+    qt.insert(0.3, 0.7)
+    for depth in (30, 256):
+        assert qt.grid_counts(depth) == {_cell_of((0.3, 0.7), (0, 0, 1, 1), depth): 1}
+    for bad in (-1, 2.5, True, None):
+        with pytest.raises(ValueError, match="depth must be an integer >= 0"):
+            qt.grid_counts(bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(points=st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.75, 4.0]) |
+                                 st.floats(0, 4), st.floats(0, 4)), max_size=40),
+       depth=st.integers(9, 16), cap=st.sampled_from([1, 4, 64]))
+def test_grid_counts_match_a_scan_at_any_depth(points, depth, cap):
+    bounds = (0.0, 0.0, 4.0, 4.0)
+    qt = PlainQuadtree(bounds, capacity=cap, max_depth=6)
+    qt.insert_many(points)
+    want: dict = {}
+    for p in points:
+        cell = _cell_of(p, bounds, depth)
+        want[cell] = want.get(cell, 0) + 1
+    assert qt.grid_counts(depth) == want
+    some = list(want)[::2]
+    assert qt.grid_counts(depth, cells=some) == {c: want[c] for c in some}
+
 # -- mlcache simulate: output files --------------------------------------------------------------
 
 SIM = ["--trace", "gen:zipf", "--requests", "2000", "--sizes", "10", "--policies", "lru",
