@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 from typing import Sequence
 
@@ -53,7 +55,44 @@ def _port(text: str) -> int:
     return port
 
 
+def _output_problem(path: str, directory: bool) -> str | None:
+    """Why the output ``path`` (a file, or a ``directory`` made if need be) cannot be
+    written, or None: checked before a benchmark runs (a bad --json was a traceback after
+    the whole run)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"no directory {parent}"
+    if directory and os.path.exists(path) and not os.path.isdir(path):
+        return "exists and is not a directory"
+    if not directory and os.path.isdir(path):
+        return "is a directory, not a file name"
+    return None
+
+
+def _write_json(path: str, data: object) -> None:
+    """``data`` as JSON at ``path``, through a temporary file renamed over it (a reader never
+    sees half a file; a failed write leaves what was there)."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def _run_bench(args: argparse.Namespace) -> int:
+    for flag, path, directory in (("--json", args.json, False),
+                                  ("--report", getattr(args, "report", None), True)):
+        problem = path and _output_problem(path, directory)
+        if problem:
+            print(f"mlcache bench: {flag} {path}: {problem}", file=sys.stderr)
+            return 2
     if args.bench == "all":
         from .bench import all as bench_all
 
@@ -63,7 +102,14 @@ def _run_bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     report = _bench_module(args.bench).run(args)
-    report.emit(args.json)
+    report.emit(None)
+    if args.json:
+        try:
+            _write_json(args.json, report.to_dict())
+        except OSError as exc:
+            print(f"mlcache bench: --json {args.json}: cannot write: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     return 0
 
 

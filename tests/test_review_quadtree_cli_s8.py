@@ -5,6 +5,7 @@ a real disk level), so that it stays fixed.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -352,3 +353,33 @@ def test_the_example_leaves_no_directory_behind(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "planted bursts found" in run.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+# -- mlcache bench: output paths -------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, why", [
+    (["bench", "levels", "--json", "{missing}/x.json"], "no directory"),
+    (["bench", "events", "--quick", "--json", "{tmp}"], "is a directory, not a file name"),
+    (["bench", "all", "--json", "{missing}/x.json"], "no directory"),
+    (["bench", "all", "--report", "{tmp}/afile"], "exists and is not a directory")])
+def test_bench_refuses_an_output_it_cannot_write_before_running(argv, why, tmp_path, capsys):
+    # --json to a missing directory or a directory was a traceback after the whole run
+    from mlcache.cli import main as cli_main
+
+    (tmp_path / "afile").write_text("x")
+    argv = [a.format(tmp=tmp_path, missing=tmp_path / "nope") for a in argv]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"mlcache bench: {argv[-2]} {argv[-1]}: {why}")
+
+
+def test_bench_json_is_replaced_atomically(tmp_path):
+    from mlcache.cli import _write_json
+
+    out = tmp_path / "r.json"
+    out.write_text("old")
+    with pytest.raises(TypeError):
+        _write_json(str(out), {"x": object()})      # fails halfway through the dump
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    _write_json(str(out), {"x": 1})
+    assert json.loads(out.read_text()) == {"x": 1}
