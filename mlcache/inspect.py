@@ -108,6 +108,10 @@ def inspect_level(cfg: LevelConfig, *, values: bool = True) -> LevelUsage:
         usage.status = "in-process only: not visible from another process"
         return usage
     if isinstance(cfg, DiskConfig) and not _holds_disk_level(cfg.resolved_path()):
+        if os.path.exists(cfg.resolved_path()) and not os.path.isdir(cfg.resolved_path()):
+            # (reported as missing, exit status 0, though no level can open there)
+            usage.status = "error: not a directory (a disk level's path is one)"
+            return usage
         usage.status = "missing (nothing was ever written there)"
         return usage
     try:

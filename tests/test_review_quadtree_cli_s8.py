@@ -383,3 +383,16 @@ def test_bench_json_is_replaced_atomically(tmp_path):
     assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
     _write_json(str(out), {"x": 1})
     assert json.loads(out.read_text()) == {"x": 1}
+
+
+# -- mlcache inspect ------------------------------------------------------------------------------
+
+def test_inspect_reports_a_disk_path_that_is_a_file_as_an_error(tmp_path, capsys):
+    # it said "missing (nothing was ever written there)" and exited 0
+    from mlcache.inspect import main as inspect_main
+
+    (tmp_path / "afile").write_text("x")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"levels": [{"type": "disk", "path": str(tmp_path / "afile")}]}))
+    assert inspect_main([str(config)]) == 1
+    assert "error: not a directory" in capsys.readouterr().out
