@@ -121,6 +121,9 @@ class _QuadtreeQueries:
 
     def radius(self, x: float, y: float, r: float) -> list[Point]:
         """Points within distance ``r`` of ``(x, y)`` (``dx*dx + dy*dy <= r*r``)."""
+        if not r >= 0:
+            # (r * r made radius(x, y, -5) the points within 5; NaN found none)
+            raise ValueError(f"radius r must be a number >= 0, got {r!r}")
         r2 = r * r
         out: list[Point] = []
 

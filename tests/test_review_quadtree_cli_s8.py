@@ -396,3 +396,13 @@ def test_inspect_reports_a_disk_path_that_is_a_file_as_an_error(tmp_path, capsys
     config.write_text(json.dumps({"levels": [{"type": "disk", "path": str(tmp_path / "afile")}]}))
     assert inspect_main([str(config)]) == 1
     assert "error: not a directory" in capsys.readouterr().out
+
+
+def test_radius_refuses_a_negative_or_nan_radius():
+    # r * r made radius(x, y, -1) the points within 1 (a scan by distance finds none)
+    qt = PlainQuadtree((0, 0, 10, 10), capacity=2)
+    qt.insert_many([(1.0, 1.0), (1.5, 1.0)])
+    for bad in (-1, -0.5, NAN):
+        with pytest.raises(ValueError, match="radius r must be a number >= 0"):
+            qt.radius(1.0, 1.0, bad)
+    assert [p.x for p in qt.radius(1.0, 1.0, 0)] == [1.0]
