@@ -1,4 +1,4 @@
-"""The ``mlcache`` command: ``demo``, ``bench``, ``simulate``, ``inspect``.
+"""The ``mlcache`` command: ``demo``, ``bench``, ``simulate``, ``inspect``, ``stats``.
 
 Each benchmark lives in ``mlcache/bench/<name>.py`` and exposes ``add_arguments(parser)``
 (optional) and ``run(args) -> BenchReport``; this module only dispatches, so adding a benchmark
