@@ -172,6 +172,10 @@ class _QuadtreeOps(_QuadtreeShrink):
         packs = True
         for p in points:
             n = len(p)
+            if n != 4 and not 2 <= n <= 3:
+                # (a fifth field was dropped silently, fewer than two an IndexError)
+                raise ValueError(f"a point is (x, y), (x, y, data) or (x, y, data, ts), "
+                                 f"got {p!r}")
             x, y = p[0], p[1]
             if not (bx0 <= x <= bx1 and by0 <= y <= by1):
                 self._point(x, y, None, None)   # raises the ValueError naming the point

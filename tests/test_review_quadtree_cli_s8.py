@@ -406,3 +406,15 @@ def test_radius_refuses_a_negative_or_nan_radius():
         with pytest.raises(ValueError, match="radius r must be a number >= 0"):
             qt.radius(1.0, 1.0, bad)
     assert [p.x for p in qt.radius(1.0, 1.0, 0)] == [1.0]
+
+
+def test_a_point_of_the_wrong_length_is_refused_before_any_change(tmp_path):
+    # a fifth field was dropped silently; one field was a bare IndexError
+    with CacheManager(tiny(tmp_path)) as m:
+        qt = m.quadtree("q", (0, 0, 10, 10), capacity=2)
+        for bad in [(1.0, 1.0, "a", 1.0, "extra"), (1.0,), ()]:
+            with pytest.raises(ValueError, match=r"a point is \(x, y\), .* got "):
+                qt.insert_many([(2.0, 2.0), bad])
+        assert len(qt) == 0
+        assert qt.insert_many([(1.0, 1.0), (1.0, 1.0, "a"), (1.0, 1.0, "b", 2.0)]) == 3
+        qt.verify()
