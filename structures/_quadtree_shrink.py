@@ -64,10 +64,15 @@ class _QuadtreeShrink(_QuadtreeQueries):
         self._resize(node)
         touched: dict[int, list] = dict(path)
         gone: list[int] = []
-        for pid, parent in reversed(path[:-1]):
-            if parent[COUNT] > self._merge_below():
-                break
-            self._collapse(parent, touched, gone)
+        nodes = self._meta["nodes"]
+        try:
+            for pid, parent in reversed(path[:-1]):
+                if parent[COUNT] > self._merge_below():
+                    break
+                self._collapse(parent, touched, gone)
+        except BaseException:
+            self._meta["nodes"] = nodes   # a merge's count, for nodes left as they were
+            raise
         for nid in gone:
             touched.pop(nid, None)
         self._keep(list(touched.items()))
@@ -122,7 +127,15 @@ class _QuadtreeShrink(_QuadtreeQueries):
         root = self._node(ROOT)
         if root is None:
             return 0
-        removed = self._prune_node(ROOT, root, drop, t, touched, gone)
+        nodes = self._meta["nodes"]
+        try:
+            removed = self._prune_node(ROOT, root, drop, t, touched, gone)
+        except BaseException:
+            # (a predicate raising, or a level failing, after a subtree had merged: the
+            # nodes are left as they were, and so must their count be, which verify() and
+            # node_count read and the next change saved)
+            self._meta["nodes"] = nodes
+            raise
         for nid in gone:
             touched.pop(nid, None)
         if touched:

@@ -418,3 +418,29 @@ def test_a_point_of_the_wrong_length_is_refused_before_any_change(tmp_path):
         assert len(qt) == 0
         assert qt.insert_many([(1.0, 1.0), (1.0, 1.0, "a"), (1.0, 1.0, "b", 2.0)]) == 3
         qt.verify()
+
+
+@pytest.mark.parametrize("kind", ["plain", "cacheable"])
+def test_a_prune_that_raises_after_a_merge_leaves_the_node_count(kind, tmp_path):
+    # the merge of the first quadrant took its nodes off meta["nodes"] before the predicate
+    # raised in the last one: the nodes stayed, their count did not (verify failed, and the
+    # next change saved the wrong count)
+    pts = [(1.0, 1.0, "a"), (1.5, 1.5, "a"), (2.0, 2.0, "a"), (3.0, 3.0, "a"), (0.5, 0.5, "a"),
+           (12.0, 12.0, "boom"), (13.0, 13.0, "b"), (14.0, 14.0, "b")]
+
+    def drop(p):
+        if p.data == "boom":
+            raise RuntimeError("boom")
+        return p.data == "a"
+
+    with CacheManager(tiny(tmp_path)) as m:
+        qt = (PlainQuadtree((0, 0, 16, 16), capacity=2) if kind == "plain"
+              else m.quadtree("q", (0, 0, 16, 16), capacity=2))
+        qt.insert_many(pts)
+        before = qt.node_count
+        with pytest.raises(RuntimeError, match="boom"):
+            qt.prune(drop)
+        assert qt.node_count == before and len(qt) == len(pts)
+        qt.verify()
+        assert qt.prune(lambda p: p.data == "a") == 5
+        qt.verify()
