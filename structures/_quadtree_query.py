@@ -13,6 +13,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
+from operator import index
 from typing import Any
 
 from ._quadtree_geometry import (COUNT, DEPTH, KIDS, PTS, ROOT, SIZE, TMIN, X0, X1, Y0, Y1,
@@ -142,6 +143,10 @@ class _QuadtreeQueries:
 
     def nearest(self, x: float, y: float, k: int = 1) -> list[Point]:
         """The ``k`` points closest to ``(x, y)``, nearest first (ties in any order)."""
+        try:
+            k = index(k)     # (k=1.5 returned 2 points)
+        except TypeError:
+            raise TypeError(f"k must be an integer, got {k!r}") from None
         if k <= 0:
             return []
         heap: list[tuple[float, int, int, Any]] = [(0.0, 0, 0, ROOT)]

@@ -444,3 +444,13 @@ def test_a_prune_that_raises_after_a_merge_leaves_the_node_count(kind, tmp_path)
         qt.verify()
         assert qt.prune(lambda p: p.data == "a") == 5
         qt.verify()
+
+
+def test_nearest_takes_an_integer_k():
+    # k=1.5 returned two points (the loop ran while fewer than 1.5 were found)
+    qt = PlainQuadtree((0, 0, 10, 10), capacity=2)
+    qt.insert_many([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)])
+    for bad in (1.5, "2", None):
+        with pytest.raises(TypeError, match="k must be an integer"):
+            qt.nearest(0, 0, bad)
+    assert [p.x for p in qt.nearest(0, 0, 2)] == [1.0, 2.0]
