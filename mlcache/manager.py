@@ -574,8 +574,11 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
     def set(self, name: str, **kw: Any) -> Any:
         return self.structure("set", name, **kw)
 
-    def quadtree(self, name: str, bounds: Any, **kw: Any) -> Any:
-        return self.structure("quadtree", name, bounds=bounds, **kw)
+    def quadtree(self, name: str, bounds: Any = None, **kw: Any) -> Any:
+        """The quadtree ``name``: ``bounds=(x0, y0, x1, y1)`` to make it, none to reopen it."""
+        if bounds is not None:
+            kw["bounds"] = bounds
+        return self.structure("quadtree", name, **kw)
 
     # -- stats ---------------------------------------------------------------------------------
 

@@ -524,3 +524,21 @@ def test_the_metadata_is_charged_what_the_heaps_walk_gives(tmp_path, page_levels
         check()
         assert qt.verify() >= 1
         assert qt._meta_w is not None   # the weight was worked out, not walked by the heap
+
+
+def test_quadtree_reopens_by_name_without_bounds(tmp_path):
+    """manager.quadtree(name, bounds) had bounds required, so reopening by name alone (as the
+    class documents) was a TypeError; a new tree without bounds is a ValueError saying so."""
+    from mlcache import CacheConfig, CacheManager, DiskConfig
+
+    cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "d")),))
+    with CacheManager(cfg) as m:
+        with pytest.raises(ValueError, match="a new quadtree needs bounds"):
+            m.quadtree("new")
+        m.quadtree("q", (0, 0, 10, 10)).insert(1, 1, "a")
+        assert m.quadtree("q") is m.quadtree("q", bounds=(0, 0, 10, 10))
+    with CacheManager(cfg) as m:
+        q = m.quadtree("q")
+        assert len(q) == 1 and q.bounds == (0.0, 0.0, 10.0, 10.0)
+        with pytest.raises(ValueError, match="exists with bounds"):
+            m.quadtree("q", (0, 0, 5, 5))
