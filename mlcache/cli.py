@@ -69,23 +69,6 @@ def _output_problem(path: str, directory: bool) -> str | None:
     return None
 
 
-def _write_json(path: str, data: object) -> None:
-    """``data`` as JSON at ``path``, through a temporary file renamed over it (a reader never
-    sees half a file; a failed write leaves what was there)."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _run_bench(args: argparse.Namespace) -> int:
     for flag, path, directory in (("--json", args.json, False),
                                   ("--report", getattr(args, "report", None), True)):
@@ -101,11 +84,13 @@ def _run_bench(args: argparse.Namespace) -> int:
         print(f"mlcache bench {args.bench}: this benchmark is not available in this build",
               file=sys.stderr)
         return 2
+    from .bench._report import write_json_atomic
+
     report = _bench_module(args.bench).run(args)
     report.emit(None)
     if args.json:
         try:
-            _write_json(args.json, report.to_dict())
+            write_json_atomic(args.json, report.to_dict())
         except OSError as exc:
             print(f"mlcache bench: --json {args.json}: cannot write: {exc.strerror or exc}",
                   file=sys.stderr)

@@ -374,7 +374,7 @@ def test_bench_refuses_an_output_it_cannot_write_before_running(argv, why, tmp_p
 
 
 def test_bench_json_is_replaced_atomically(tmp_path):
-    from mlcache.cli import _write_json
+    from mlcache.bench._report import write_json_atomic as _write_json
 
     out = tmp_path / "r.json"
     out.write_text("old")

@@ -109,8 +109,25 @@ class BenchReport:
     def emit(self, json_path: str | None = None) -> None:
         print(self.format(), flush=True)
         if json_path:
-            with open(json_path, "w") as fh:
-                json.dump(self.to_dict(), fh, indent=2)
+            write_json_atomic(json_path, self.to_dict())
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
+    """``data`` as JSON at ``path``, through a temporary file renamed over it (a reader never
+    sees half a file; a failed write leaves what was there)."""
+    path = os.fspath(path)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _fmt(v: Any) -> str:

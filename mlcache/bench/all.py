@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ._report import _OPS, BenchReport, _fmt, machine_description
+from ._report import _OPS, BenchReport, _fmt, machine_description, write_json_atomic
 
 __all__ = ["run", "available_benchmarks", "render_report", "plot_report", "main"]
 
@@ -116,8 +116,7 @@ def run(args: argparse.Namespace) -> int:
         page = render_report(out, out / "report.md")
         print(f"report: {page}")
     if getattr(args, "json", None):
-        with open(args.json, "w") as fh:
-            json.dump({**meta(), "reports": reports}, fh, indent=2)
+        write_json_atomic(args.json, {**meta(), "reports": reports})
     return 1 if failures else 0
 
 
@@ -132,11 +131,9 @@ def write_raw(out: Path, meta: dict[str, Any], reports: Iterable[dict[str, Any]]
     """Store a run under ``out``: ``raw/_run.json``, ``raw/NAME.json`` and ``logs/NAME.log``."""
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    with open(raw / "_run.json", "w") as fh:
-        json.dump(meta, fh, indent=2)
+    write_json_atomic(raw / "_run.json", meta)
     for data in reports:
-        with open(raw / f"{data['benchmark']}.json", "w") as fh:
-            json.dump(data, fh, indent=2)
+        write_json_atomic(raw / f"{data['benchmark']}.json", data)
     if logs:
         (out / "logs").mkdir(exist_ok=True)
         for name, text in logs.items():
