@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator
 
 from .codec import Encoded
-from .errors import CacheError, IntegrityError
+from .errors import CacheError, IntegrityError, LevelUnavailableError
 
 __all__ = ["ReadPath", "MISSING", "IMMUTABLE", "Digests", "digest", "found_by_key",
            "same_bytes"]
@@ -288,6 +288,17 @@ class ReadPath:
                 cleared = False
                 try:
                     cleared = self._read_lower(mine, out, ts, prefetch, seq, load, loading)
+                except LevelUnavailableError:
+                    # A write of some of these keys may have been in flight to the level that
+                    # failed (taken from the buffer, not yet back in it): once it is over,
+                    # they are in the buffer again, and the next round reads them there.
+                    with self._lock:
+                        overlapped = wb.wseq != seq or seq % 2 == 1
+                    if not overlapped or rounds >= 3:
+                        raise
+                    with wb.io_lock:
+                        pass
+                    retry.extend(mine)
                 finally:
                     if not cleared:
                         with self._lock:

@@ -13,6 +13,7 @@ buffer down (writer threads, retries, the I/O lock) is :mod:`mlcache.writeback`'
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -74,37 +75,65 @@ class WritePath:
             raws.append(raw)
         rc = self._records
         pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
-        with self._lock:
-            self._check_open()
-            cold = self._cold
-            if cold.closing is not None and cold.closing != threading.get_ident():
-                raise CacheError("this CacheManager is closed")   # close() is under way
-            if self._reads or self._reads_ts:
-                self._apply_reads()
-            wb = self._wb
-            pin_errors = cold.pin_errors
-            for i, ((key, kb, value), raw) in enumerate(zip(items, raws)):
-                wb.tombstones.discard(kb)
-                self._digests.pop(kb, None)
-                self._handed.discard(kb)
-                pin_errors.pop(kb, None)
-                if heap is None:
-                    assert raw is not None
-                    wb.buffer.add(0, kb, raw)
-                    continue
-                if wb.levels:
-                    wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
-                if rc is not None:
-                    rc.note_put(kb, pre)
-                victims = heap.insert(kb, value, dirty=True,
-                                      size=len(raw) if raw is not None else None, ts=ts,
-                                      weight=None if weights is None else weights[i])
-                if victims:
-                    self._handle_victims(victims, encoded)
-            need_room = wb.needs_room()
+        # A batch whose victims fill the eviction buffer stops to write it before it goes on
+        # (its bound holds for put_many too), unless our lock is held by a caller (writing
+        # then could deadlock with a writer thread) or a write already failed: the rest is
+        # still taken and the error raised at the end, as for a single put.
+        nested = self._lock._is_owned()  # type: ignore[attr-defined]
+        n, start, error = len(items), 0, None
+        check_room = n > 1 and not nested and heap is not None and bool(self._levels)
+        while True:
+            with self._lock:
+                self._check_open()
+                cold = self._cold
+                if cold.closing is not None and cold.closing != threading.get_ident():
+                    raise CacheError("this CacheManager is closed")   # close() is under way
+                if self._reads or self._reads_ts:
+                    self._apply_reads()
+                wb = self._wb
+                pin_errors = cold.pin_errors
+                if check_room:   # the victims' queue, its bounds (a cheap test per victim)
+                    queued, most, most_bytes = (wb.buffer.pending[0], wb.buffer_max,
+                                                wb.buffer_bytes_max or sys.maxsize)
+                for i in range(start, n):
+                    key, kb, value = items[i]
+                    raw = raws[i]
+                    wb.tombstones.discard(kb)
+                    self._digests.pop(kb, None)
+                    self._handed.discard(kb)
+                    pin_errors.pop(kb, None)
+                    if heap is None:
+                        assert raw is not None
+                        wb.buffer.add(0, kb, raw)
+                        continue
+                    if wb.levels:
+                        wb.buffer.pending[0].pop(kb, None)  # superseded by the heap copy
+                    if rc is not None:
+                        rc.note_put(kb, pre)
+                    victims = heap.insert(kb, value, dirty=True,
+                                          size=len(raw) if raw is not None else None, ts=ts,
+                                          weight=None if weights is None else weights[i])
+                    if victims:
+                        self._handle_victims(victims, encoded)
+                        if check_room and i + 1 < n and error is None and (
+                                len(queued) > most or queued.nbytes > most_bytes) and \
+                                wb.needs_room():
+                            start = i + 1
+                            break
+                else:
+                    start = n
+                need_room = wb.needs_room()
+            if start == n:
+                break
+            try:
+                self._wb.make_room()
+            except Exception as exc:  # noqa: BLE001 (raised once the rest is taken)
+                error = exc
         if rc is not None and rc.has_cuts():
             rc.forward()
-        if self._lock._is_owned():  # type: ignore[attr-defined]
+        if error is not None:
+            raise error
+        if nested:
             # called back from code holding our lock: writing now could deadlock with a
             # writer thread, so leave it to the writer (woken by the enqueue)
             self._wb.ensure_writers()

@@ -437,3 +437,49 @@ def test_a_value_over_the_servers_bulk_limit_is_named_in_the_error(own_redis, ma
     m.close()
     with CacheManager(config) as again:
         assert again.get("small") == 1 and again.get(("blob", 7)) is None
+
+
+def test_put_many_larger_than_the_heap_keeps_the_eviction_buffer_bound(redis_url):
+    # put_many queued the encodings of every victim of the whole batch before making room
+    # (one lock hold for the batch): a 20 MB batch into a 4 MiB heap held ~20 MB of
+    # encodings at once (tracemalloc: 22.9 MiB over the batch's own objects), where the
+    # buffer's bound is 1/32 of the budget. A batch now writes what its victims queued
+    # when the buffer is full, as a put does, and goes on.
+    config = CacheConfig(heap=HeapConfig(max_bytes=4 << 20),
+                         levels=(RedisConfig(url=redis_url, prefix="many"),))
+    with CacheManager(config) as m:
+        m.put("warm", b"x")
+        m.flush()
+        items = [(i, b"%d:" % i + bytes(1000)) for i in range(20000)]
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            m.put_many(items)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert peak < 10 << 20, f"put_many held {peak / 2**20:.1f} MiB at its peak"
+        assert all(m.get(k) == v for k, v in items[::97])
+    with CacheManager(config) as again:
+        assert all(again.get(k) == v for k, v in items)
+
+
+def test_put_many_with_redis_down_still_takes_every_item_then_raises(own_redis):
+    # making room between the batch's items fails when Redis is down: the rest of the batch
+    # is still taken (in the heap or the buffer) and the error raised at the end, as a
+    # single put's (the value was taken, a retry is harmless)
+    config = CacheConfig(heap=HeapConfig(max_bytes=1 << 20),
+                         levels=(RedisConfig(url=own_redis.url, prefix="down", retries=0),),
+                         retry_attempts=1)
+    m = CacheManager(config)
+    m.put("warm", b"x")
+    m.flush()
+    own_redis.kill()
+    items = [(i, b"%d:" % i + bytes(1000)) for i in range(3000)]
+    with pytest.raises(LevelUnavailableError):
+        m.put_many(items)
+    assert all(m.get(k) == v for k, v in items)     # from the heap and the buffer: no I/O
+    own_redis.start()
+    m.close()
+    with CacheManager(config) as again:
+        assert all(again.get(k) == v for k, v in items)
