@@ -138,7 +138,12 @@ def test_changing_size_during_iteration_raises_like_set(pair):
     def shrink(s):
         for x in s:
             s.discard(x)
-    pair.check(shrink)
+    # which element goes first follows iteration order, which a set leaves arbitrary (and
+    # CacheableSet's depends on where its elements are): compare the error and what is left
+    cs, ps = pair.make()
+    mine, theirs = outcome(lambda: shrink(cs)), outcome(lambda: shrink(ps))
+    assert (mine[0], mine[1].replace("CacheableSet", "set")) == theirs
+    assert len(cs) == len(ps) == len(BASE) - 1 and cs.copy() < BASE
 
     def same_size(s):
         seen = 0
