@@ -255,11 +255,23 @@ class RecordCache:
         return None
 
     def note_victims(self, victims: list[tuple[bytes, Any, bool]]) -> None:
-        """Lock held: a dirty victim still pending (refused as too heavy) keeps its new value."""
+        """Lock held: a dirty victim still pending (refused as too heavy) keeps its new value
+        only until its namespace is cut, at once, as the eviction of a dirty entry cuts it:
+        held until the next flush, such values were memory outside the budget, unbounded."""
         policy = self.policy
+        spaces = None
         for kb, value, dirty in victims:
             if dirty and policy.is_dirty(kb):
                 self._held[kb] = value
+                if spaces is None:
+                    spaces = {}
+                spaces[policy._ns_of(kb)] = None
+        if spaces:
+            for space in spaces:
+                keys = policy.take_dirty(space)
+                if keys:
+                    self.stats_counts["evictions"] += 1
+                    self._cut(space, keys, self._reason)
 
     def _on_policy_flush(self, space: Hashable, keys: list) -> None:
         """The policy's flush listener (lock held): snapshot the namespace's dirty records."""

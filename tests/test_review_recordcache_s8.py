@@ -1,0 +1,28 @@
+"""Regression tests of defects found reviewing the record cache and metrics (session 8)."""
+from __future__ import annotations
+
+from mlcache import CacheConfig, CacheManager, DedupConfig, DiskConfig
+
+
+def make(tmp_path, **dedup):
+    return CacheManager(CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),),
+                                    namespace="t", dedup=DedupConfig(**dedup)))
+
+
+def test_values_heavier_than_the_budget_are_not_held_until_the_next_flush(tmp_path):
+    # A value too heavy for the heap was written down but its live object was also held by
+    # the record cache until the next flush: 500 puts of 100 kB with a 4 kB budget held 50 MB.
+    # Like Kafka's eviction of a dirty eldest, it now flushes its namespace at once.
+    m = make(tmp_path, max_bytes_buffering=4096)
+    out = []
+    m.on_flush(lambda batch: out.extend(batch))
+    m.put("small", 1)
+    for i in range(50):
+        m.put(i, b"x" * 100_000)
+        assert m.stats()["dedup"]["held"] == 0
+    assert [k for k, _, _ in out][:2] == ["small", 0]      # the namespace's whole dirty set
+    assert len(out) == 51 and m.stats()["dedup"]["dirty"] == 0
+    m.flush()
+    assert len(out) == 51                                    # forwarded once
+    assert m.get(7) == b"x" * 100_000
+    m.close()
