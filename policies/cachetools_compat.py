@@ -245,8 +245,8 @@ class _PolicyCache(cachetools.Cache):
         size = self.getsizeof(value)
         if size > self._maxsize:
             raise ValueError("value too large")
-        if size < 0:
-            raise ValueError("value size must be non-negative")
+        if not size >= 0:  # negative, or NaN (which would make currsize NaN from then on)
+            raise ValueError(f"value size must be non-negative, got {size!r}")
         old = sizes.get(key)
         data[key] = value
         sizes[key] = size
@@ -311,7 +311,8 @@ class _PolicyCache(cachetools.Cache):
         self._access = policy.access
         self._insert = policy.insert
         # The unit-weight miss path: the key is known to be absent, skip the policy's checks.
-        self._miss = getattr(policy, "_miss", None) or (lambda key: policy.insert(key, 1))
+        # (a bound method, not a lambda: the cache must stay picklable, as cachetools' are)
+        self._miss = getattr(policy, "_miss", None) or self._insert_one
         # W-TinyLFU's steady miss is written out in __setitem__ (for the policy class itself,
         # not a subclass that may change it).
         own = getattr(type(policy), "_miss", None) is WTinyLFUPolicy._miss
@@ -326,6 +327,9 @@ class _PolicyCache(cachetools.Cache):
         self._logged: Callable[[Any], None] = getattr(policy, "_logged", None) or [].append
         if own:
             self._settle = policy._settle
+
+    def _insert_one(self, key: Hashable) -> list:
+        return self._policy.insert(key, 1)
 
     def clear(self) -> None:
         self._data.clear()
