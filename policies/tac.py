@@ -29,7 +29,8 @@ as they surface, and the heap is rebuilt when they outnumber live ones. A sorted
 give the same bound with a larger constant; the heap needs no dependency.
 
 Weights: ``capacity`` bounds the total weight; eviction pops smallest timestamps until the new
-total fits (possibly the newcomer itself, when it is the oldest — e.g. a stale prefetch).
+total fits (possibly the newcomer itself, when it is the oldest — e.g. a stale prefetch). A NaN
+timestamp is a ValueError (it compares false with every time, so it would break the order).
 """
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ from typing import Any, Hashable, Iterator
 from .base import BasePolicy, _check_capacity, register_policy
 
 __all__ = ["TACPolicy"]
+
+
+def _nan_error() -> ValueError:
+    # NaN compares false with every time: an entry stamped NaN could never be renewed and would
+    # sit in the heap out of order.
+    return ValueError("TAC timestamp must be a number, got nan")
 
 
 @register_policy("tac")
@@ -101,6 +108,8 @@ class TACPolicy(BasePolicy):
     def _time(self, ts: float | None) -> float:
         if ts is None:
             return self._now if self._now != float("-inf") else 0.0
+        if ts != ts:
+            raise _nan_error()
         if ts > self._now:
             self._now = ts
         return ts
@@ -126,10 +135,14 @@ class TACPolicy(BasePolicy):
         ``get``/``put`` without ``ts`` still order used entries by the time of their use,
         behind every entry hinted for a record still to come. Never moves backwards.
         """
+        if ts != ts:
+            raise _nan_error()
         if ts > self._now:
             self._now = ts
 
     def hint(self, key: Hashable, ts: float) -> None:
+        if ts != ts:
+            raise _nan_error()
         entry = self._entries.get(key)
         if entry is not None and ts > entry[0]:
             entry[0] = ts  # expected use: do not advance "now", it has not happened yet
