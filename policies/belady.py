@@ -53,7 +53,7 @@ class BeladyPolicy(BasePolicy):
         self._next = nxt
         self._positions: dict[Hashable, list[int]] | None = None  # built on first off-script call
         self._cursor = 0
-        self._entries: dict[Hashable, list] = {}  # key -> [next_use, weight]
+        self._entries: dict[Hashable, list] = {}  # key -> [next_use, weight, seq of last push]
         self._heap: list[tuple[int, int, Hashable]] = []  # (-next_use, -seq, key)
         self._seq = 0
 
@@ -84,9 +84,12 @@ class BeladyPolicy(BasePolicy):
 
     def _push(self, key: Hashable, entry: list) -> None:
         self._seq += 1
+        entry[2] = self._seq
         heapq.heappush(self._heap, (-entry[0], -self._seq, key))
         if len(self._heap) > 2 * len(self._entries) + 64:
-            self._heap = [(-e[0], 0, k) for k, e in self._entries.items()]
+            # each entry's own sequence number: items never tie, so keys are never compared
+            # (keys need not be orderable: ("a",) against (1,) is a TypeError)
+            self._heap = [(-e[0], -e[2], k) for k, e in self._entries.items()]
             heapq.heapify(self._heap)
 
     def access(self, key: Hashable, ts: float | None = None) -> None:
@@ -102,7 +105,7 @@ class BeladyPolicy(BasePolicy):
             entry[1] = weight
             entry[0] = self._next_use(key)
         else:
-            entry = [self._next_use(key), weight]
+            entry = [self._next_use(key), weight, 0]
             self._entries[key] = entry
             self.total_weight += weight
         self._push(key, entry)
