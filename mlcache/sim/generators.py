@@ -25,7 +25,23 @@ __all__ = ["zipf", "scrambled_zipf", "hotspot", "loop", "scan", "shifting_hot_se
            "phase_change", "concat"]
 
 
+def _count(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
+
+
 def _zipf_ranks(n_keys: int, n_requests: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    # A bad parameter is named here, not left to numpy: n_keys 0 was an IndexError, a NaN alpha
+    # silently gave key 0 for every request, a negative one made the largest keys the hottest.
+    _count("n_requests", n_requests, 0)
+    _count("n_keys", n_keys, 1)
+    if not 0.0 <= alpha < float("inf"):
+        raise ValueError(f"alpha must be a finite number >= 0 (0 is uniform), got {alpha!r}")
     weights = 1.0 / np.arange(1, n_keys + 1, dtype=np.float64) ** alpha
     cdf = np.cumsum(weights)
     cdf /= cdf[-1]
@@ -50,6 +66,10 @@ def scrambled_zipf(n_requests: int = 1_000_000, n_keys: int = 100_000, alpha: fl
 
 def hotspot(n_requests: int = 1_000_000, n_keys: int = 100_000, hot_fraction: float = 0.1,
             hot_probability: float = 0.9, seed: int = 1) -> Trace:
+    _count("n_requests", n_requests, 0)
+    _count("n_keys", n_keys, 1)
+    _fraction("hot_fraction", hot_fraction)
+    _fraction("hot_probability", hot_probability)
     rng = np.random.default_rng(seed)
     n_hot = max(1, int(n_keys * hot_fraction))
     is_hot = rng.random(n_requests) < hot_probability
@@ -61,16 +81,24 @@ def hotspot(n_requests: int = 1_000_000, n_keys: int = 100_000, hot_fraction: fl
 
 
 def loop(length: int = 1000, n_requests: int = 100_000) -> Trace:
+    _count("length", length, 1)  # 0 divided by zero (a warning and keys of 0), < 0 gave negatives
+    _count("n_requests", n_requests, 0)
     keys = (np.arange(n_requests) % length).tolist()
     return Trace(name=f"loop{length}", keys=list(keys), meta={"length": length})
 
 
 def scan(n_requests: int = 100_000, start: int = 0) -> Trace:
+    _count("n_requests", n_requests, 0)
     return Trace(name="scan", keys=list(range(start, start + n_requests)))
 
 
 def shifting_hot_set(n_requests: int = 1_000_000, n_keys: int = 100_000, hot_size: int = 1000,
                      phase: int = 100_000, hot_probability: float = 0.9, seed: int = 1) -> Trace:
+    _count("n_requests", n_requests, 0)
+    _count("n_keys", n_keys, 1)
+    _count("hot_size", hot_size, 1)
+    _count("phase", phase, 1)
+    _fraction("hot_probability", hot_probability)
     rng = np.random.default_rng(seed)
     idx = np.arange(n_requests)
     base = (idx // phase) * hot_size  # each phase's hot set is a fresh block of keys
