@@ -79,6 +79,8 @@ def _check_capacity(capacity: Any) -> None:
 
 
 _REGISTRY: dict[str, type] = {}
+# hint is optional (a policy without it gets none); everything else the levels and the player call
+_REQUIRED_METHODS = ("insert", "access", "remove", "resize", "__len__", "__contains__")
 _LOCK = threading.Lock()
 _ENTRY_POINTS_LOADED = False
 _BUILTIN_MODULES = ("lru", "clock", "wtinylfu", "tac", "belady", "dedup", "slidem", "sieve")
@@ -90,6 +92,14 @@ def register_policy(name: str, cls: type | None = None) -> Any:
     def _do(c: type) -> type:
         if not name or not isinstance(name, str):
             raise _config_error("policy", f"invalid policy name {name!r}")
+        # Refused here, where the mistake is, rather than when a level first builds or feeds it
+        # (a name taken by something that is not a policy class, possibly a built-in's name).
+        if not isinstance(c, type):
+            raise _config_error("policy", f"policy {name!r} must be a class, got {c!r}")
+        missing = [m for m in _REQUIRED_METHODS if not callable(getattr(c, m, None))]
+        if missing:
+            raise _config_error("policy", f"policy {name!r} ({c.__qualname__}) does not implement "
+                                          f"the Policy protocol: no {', '.join(missing)}")
         with _LOCK:
             _REGISTRY[name] = c
         return c
