@@ -1,0 +1,102 @@
+"""Session 8 review of the policies other than W-TinyLFU's hit ratio and of the cachetools
+drop-ins: one regression test per defect found."""
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+
+from mlcache.errors import ConfigError
+from mlcache.policies import register_policy
+from mlcache.policies.belady import BeladyPolicy
+from mlcache.policies.cachetools_compat import TACache, TinyLFUCache
+from mlcache.policies.tac import TACPolicy
+from mlcache.sim import generators, play
+
+
+@pytest.mark.parametrize("cls", [TinyLFUCache, TACache])
+def test_drop_ins_pickle_and_keep_working(cls):
+    cache = cls(4)
+    for k in range(10):
+        cache[k] = k * 2
+    clone = pickle.loads(pickle.dumps(cache))
+    assert dict(clone) == dict(cache)
+    for k in range(20):
+        clone[k] = k
+        assert len(clone) <= 4
+    assert all(clone[k] == k for k in clone)
+
+
+@pytest.mark.parametrize("cls", [TinyLFUCache, TACache])
+def test_nan_size_is_refused(cls):
+    cache = cls(10, getsizeof=lambda v: v)
+    cache["a"] = 3
+    with pytest.raises(ValueError, match="nan"):
+        cache["b"] = float("nan")
+    assert dict(cache) == {"a": 3} and cache.currsize == 3
+
+
+@pytest.mark.parametrize("bad", [float("nan")])
+def test_tac_refuses_nan_timestamps(bad):
+    p = TACPolicy(3)
+    p.insert("a", 1, 1.0)
+    with pytest.raises(ValueError, match="nan"):
+        p.insert("b", 1, bad)
+    with pytest.raises(ValueError, match="nan"):
+        p.access("a", bad)
+    with pytest.raises(ValueError, match="nan"):
+        p.hint("a", bad)
+    with pytest.raises(ValueError, match="nan"):
+        p.advance(bad)
+    assert list(p.keys()) == ["a"] and p.timestamp("a") == 1.0 and p.total_weight == 1
+
+
+def test_belady_heap_rebuild_with_keys_that_do_not_compare():
+    # many keys never used again (ties on "never") of types that do not order, and enough
+    # hits to make the heap rebuild: the rebuild compared the keys themselves
+    keys = [(i,) if i % 2 else (str(i),) for i in range(3000)] + [1] * 500
+    result = play("belady", keys, 50)
+    assert result.hits == 499
+
+
+def test_belady_rebuild_keeps_the_policy_consistent():
+    p = BeladyPolicy(2, trace=["x", 1, "y", 2] * 100)
+    for k in ["x", 1, "y", 2] * 100:
+        if k in p:
+            p.access(k)
+        else:
+            p.insert(k)
+        assert len(p) <= 2
+
+
+@pytest.mark.parametrize("call, word", [
+    (lambda: generators.zipf(10, 0), "n_keys"),
+    (lambda: generators.scrambled_zipf(10, 0), "n_keys"),
+    (lambda: generators.zipf(10, 5, float("nan")), "alpha"),
+    (lambda: generators.zipf(10, 5, -1.0), "alpha"),
+    (lambda: generators.zipf(-1, 5), "n_requests"),
+    (lambda: generators.loop(0, 5), "length"),
+    (lambda: generators.shifting_hot_set(10, 5, 2, 0), "phase"),
+    (lambda: generators.shifting_hot_set(10, 0, 2, 3), "n_keys"),
+    (lambda: generators.hotspot(10, 0), "n_keys"),
+    (lambda: generators.hotspot(10, 10, 2.0), "hot_fraction"),
+    (lambda: generators.hotspot(10, 10, 0.1, 1.5), "hot_probability"),
+])
+def test_generators_name_a_bad_parameter(call, word):
+    with pytest.raises(ValueError, match=word):
+        call()
+
+
+def test_generators_still_accept_the_edges():
+    assert generators.zipf(0, 5).keys == []
+    assert len(generators.zipf(50, 5, 0.0).keys) == 50  # alpha 0: uniform
+    assert generators.loop(1, 3).keys == [0, 0, 0]
+
+
+@pytest.mark.parametrize("cls", [42, type("NoMethods", (), {}), None.__class__])
+def test_registry_refuses_what_is_not_a_policy(cls):
+    with pytest.raises(ConfigError, match="policy"):
+        register_policy("s8-not-a-policy", cls)
+    from mlcache.policies import available_policies
+    assert "s8-not-a-policy" not in available_policies()
