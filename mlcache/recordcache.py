@@ -121,6 +121,11 @@ class RecordCache:
         self._held: dict[bytes, Any] = {}     # pending key not in the heap -> its new value
         self._partial: dict[bytes, set[tuple[int, int]]] = {}  # key -> _idents that took it
         self._cuts: deque[_Cut] = deque()
+        # Deletes: the room each freed in the heap (the weight of the value it dropped), as a
+        # measure of the old values held for tombstones, which take no room in the heap.
+        self._tombs: dict[bytes, int] = {}
+        self._tomb_weight = 0
+        self._tombs_over = False
         self._listeners: dict[bytes | None, list[Callable]] = {}
         self._fwd_lock = threading.Lock()
         self._fwd_owner: int | None = None
@@ -163,6 +168,8 @@ class RecordCache:
 
     def before_write(self, kbs: list[bytes], ts: float | None) -> dict[bytes, Any] | None:
         """Outside the lock, before a put/delete: commit on interval expiry, read old values."""
+        if self._tombs_over:
+            self._cut_tombstones()
         if self._interval is not None and self._fwd_owner != threading.get_ident():
             self._maybe_commit(ts)
         if not self._preload:
@@ -234,6 +241,13 @@ class RecordCache:
         """Lock held, before the heap drops ``kb``: a tombstone, forwarded in its place."""
         if kb not in self._old:
             self._old[kb] = self._current(kb, preloaded)
+        if kb in self.data:
+            heap = self.heap
+            w = heap.weights.get(kb, 1) if heap.by_bytes else 1
+            self._tomb_weight += w - self._tombs.get(kb, 0)
+            self._tombs[kb] = w
+            if self._tomb_weight > heap.capacity:
+                self._tombs_over = True      # cut by the next write (the heap drops kb now)
         self._held[kb] = _TOMBSTONE
         if self._partial:
             self._partial.pop(kb, None)
@@ -253,6 +267,30 @@ class RecordCache:
         if preloaded is not None:
             return preloaded.get(kb)
         return None
+
+    def _cut_tombstones(self) -> None:
+        """Outside the lock: the old values held for deletes outweigh the budget (a tombstone
+        takes no room in the heap, so deletes alone never evict): cut their namespaces, as a
+        dirty eviction would, and forward them."""
+        m = self.manager
+        with m._lock:
+            if m._closed or not self._tombs_over:
+                return
+            old = self._old
+            live = {kb: w for kb, w in self._tombs.items() if kb in old}
+            weight = sum(live.values())
+            self._tombs_over = False
+            if 2 * weight <= self.heap.capacity:
+                self._tombs, self._tomb_weight = live, weight   # most were forwarded since
+                return
+            self._tombs, self._tomb_weight = {}, 0
+            policy = self.policy
+            for space in {policy._ns_of(kb): None for kb in live}:
+                keys = policy.take_dirty(space)
+                if keys:
+                    self.stats_counts["evictions"] += 1
+                    self._cut(space, keys, "evict")
+        self.forward()
 
     def note_victims(self, victims: list[tuple[bytes, Any, bool]]) -> None:
         """Lock held: a dirty victim still pending (refused as too heavy) keeps its new value
@@ -308,6 +346,10 @@ class RecordCache:
                 spaces = self.policy.dirty_namespaces()
                 for space in spaces:
                     self._cut(space, self.policy.take_dirty(space), reason)
+                if self._tombs:
+                    self._tombs.clear()      # every held old value was just cut
+                    self._tomb_weight = 0
+                    self._tombs_over = False
                 if spaces:
                     self.stats_counts["flushes"] += 1
             if not spaces and not self._cuts:

@@ -26,3 +26,24 @@ def test_values_heavier_than_the_budget_are_not_held_until_the_next_flush(tmp_pa
     assert len(out) == 51                                    # forwarded once
     assert m.get(7) == b"x" * 100_000
     m.close()
+
+
+def test_deletes_do_not_hold_old_values_past_the_budget(tmp_path):
+    # A delete keeps the value last flushed (its old value) until the key is forwarded, but
+    # a tombstone takes no room in the heap, so deletes never evicted and never flushed:
+    # deleting 300 stored keys of 100 kB with a 1 MiB budget held 30 MB of old values.
+    m = make(tmp_path, max_bytes_buffering=1 << 20)
+    for i in range(300):
+        m.put(i, bytes(100_000))
+    m.close()
+    m = make(tmp_path, max_bytes_buffering=1 << 20)
+    out = []
+    m.on_flush(lambda batch: out.extend(batch))
+    for i in range(300):
+        m.delete(i)
+        assert len(m._records._old) <= 11     # 1 MiB of 100 kB old values, and the one cut
+    m.flush()
+    assert sorted(k for k, _, _ in out) == list(range(300))          # each delete once
+    assert all(new is None and old == bytes(100_000) for _, new, old in out)
+    assert m.get(5) is None
+    m.close()
