@@ -168,8 +168,8 @@ class RecordCache:
 
     def before_write(self, kbs: list[bytes], ts: float | None) -> dict[bytes, Any] | None:
         """Outside the lock, before a put/delete: commit on interval expiry, read old values."""
-        if self._tombs_over:
-            self._cut_tombstones()
+        if self._tombs_over and not self.manager._lock._is_owned():
+            self._cut_tombstones()      # (not from code holding the lock: it may forward)
         if self._interval is not None and self._fwd_owner != threading.get_ident():
             self._maybe_commit(ts)
         if not self._preload:
