@@ -328,6 +328,16 @@ class _PolicyCache(cachetools.Cache):
         if own:
             self._settle = policy._settle
 
+    def __setstate__(self, state: dict) -> None:
+        # pickle and deepcopy: W-TinyLFU's "no victim cached" marker is a module sentinel
+        # compared by identity, and a copy of it is a new object the policy took for a key
+        # (KeyError on the next miss of an unpickled cache). Put the sentinel itself back; a
+        # real key is never a bare object() copy of it, and _NOKEY only means "look it up".
+        self.__dict__.update(state)
+        policy = self._policy
+        if type(getattr(policy, "_victim", None)) is object:
+            policy._victim = _NOKEY
+
     def _insert_one(self, key: Hashable) -> list:
         return self._policy.insert(key, 1)
 

@@ -100,3 +100,19 @@ def test_registry_refuses_what_is_not_a_policy(cls):
         register_policy("s8-not-a-policy", cls)
     from mlcache.policies import available_policies
     assert "s8-not-a-policy" not in available_policies()
+
+
+@pytest.mark.parametrize("copier", [lambda c: pickle.loads(pickle.dumps(c)),
+                                    lambda c: __import__("copy").deepcopy(c)])
+@pytest.mark.parametrize("filled", [0, 3, 50])
+def test_tinylfu_cache_copied_while_no_victim_is_cached_still_works(copier, filled):
+    # a fresh (or lightly used) cache holds W-TinyLFU's "no victim" sentinel: its copy was a new
+    # object the policy then took for a key, and the next miss raised KeyError
+    cache = TinyLFUCache(4)
+    for k in range(filled):
+        cache[k] = k
+    clone = copier(cache)
+    for k in range(100, 200):
+        clone.setdefault(k % 37, k)
+        assert len(clone) <= 4
+    assert set(clone) == set(clone._policy.keys())
