@@ -116,3 +116,12 @@ def test_tinylfu_cache_copied_while_no_victim_is_cached_still_works(copier, fill
         clone.setdefault(k % 37, k)
         assert len(clone) <= 4
     assert set(clone) == set(clone._policy.keys())
+
+
+def test_play_by_name_with_an_iterator_and_a_policy_that_needs_the_future():
+    # make_policy consumed the iterator for Bélády's future, and the replay saw 0 requests
+    requests = [1, 2, 1, 3, 1, 2]
+    expected = play("belady", requests, 2)
+    for source in (iter(requests), (k for k in requests)):
+        result = play("belady", source, 2)
+        assert (result.requests, result.hits) == (expected.requests, expected.hits) == (6, 3)

@@ -64,13 +64,15 @@ def play(policy: Any, trace: Trace | Sequence[Hashable], capacity: int | None = 
          progress: Callable[[int], None] | None = None, chunk: int = 65536,
          **options: Any) -> SimResult:
     """Replay ``trace`` through ``policy`` (a registered name or a policy object)."""
+    # The keys are read once, before the policy is built: a policy that needs the future got
+    # an iterator first and consumed it, and the replay then saw no requests at all.
+    keys = trace.keys if isinstance(trace, Trace) else list(trace)
     if isinstance(policy, str):
         if capacity is None:
             from mlcache.errors import ConfigError
 
             raise ConfigError("capacity", "a capacity is needed to build a policy by name")
-        policy = make_policy(policy, capacity, trace, **options)
-    keys = trace.keys if isinstance(trace, Trace) else list(trace)
+        policy = make_policy(policy, capacity, keys, **options)
     ts_list = trace.ts if isinstance(trace, Trace) else None
     weights = trace.weights if isinstance(trace, Trace) else None
     contains = policy.__contains__
