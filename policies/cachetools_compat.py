@@ -42,6 +42,10 @@ class _PolicyCache(cachetools.Cache):
 
     def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None = None,
                  **policy_options: Any) -> None:
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int):
+            # the policies bound an integer capacity; said here in cachetools' words (the
+            # policy's own error named "capacity", which the caller never passed)
+            raise TypeError(f"{type(self).__name__}: maxsize must be an integer, got {maxsize!r}")
         cachetools.Cache.__init__(self, maxsize, getsizeof)
         self._data: dict[Hashable, Any] = {}
         self._sizes: dict[Hashable, float] | None = {} if getsizeof is not None else None

@@ -125,3 +125,10 @@ def test_play_by_name_with_an_iterator_and_a_policy_that_needs_the_future():
     for source in (iter(requests), (k for k in requests)):
         result = play("belady", source, 2)
         assert (result.requests, result.hits) == (expected.requests, expected.hits) == (6, 3)
+
+
+@pytest.mark.parametrize("cls", [TinyLFUCache, TACache])
+@pytest.mark.parametrize("maxsize", [10.5, float("inf"), "10", True])
+def test_a_maxsize_that_is_not_an_integer_is_named(cls, maxsize):
+    with pytest.raises(TypeError, match="maxsize must be an integer"):
+        cls(maxsize)
