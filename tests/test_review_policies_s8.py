@@ -132,3 +132,11 @@ def test_play_by_name_with_an_iterator_and_a_policy_that_needs_the_future():
 def test_a_maxsize_that_is_not_an_integer_is_named(cls, maxsize):
     with pytest.raises(TypeError, match="maxsize must be an integer"):
         cls(maxsize)
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 2.5])
+def test_play_refuses_a_chunk_that_is_not_positive(chunk):
+    # chunk=-1 made range(0, n, -1) empty: n requests reported, none replayed, 0 hits
+    with pytest.raises(ValueError, match="chunk"):
+        play("lru", [1, 1, 1], 2, chunk=chunk)
+    assert play("lru", [1, 1, 1], 2, chunk=1).hits == 2

@@ -64,6 +64,9 @@ def play(policy: Any, trace: Trace | Sequence[Hashable], capacity: int | None = 
          progress: Callable[[int], None] | None = None, chunk: int = 65536,
          **options: Any) -> SimResult:
     """Replay ``trace`` through ``policy`` (a registered name or a policy object)."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        # a negative chunk replayed nothing and reported every request as a miss
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     # The keys are read once, before the policy is built: a policy that needs the future got
     # an iterator first and consumed it, and the replay then saw no requests at all.
     keys = trace.keys if isinstance(trace, Trace) else list(trace)
