@@ -140,3 +140,13 @@ def test_play_refuses_a_chunk_that_is_not_positive(chunk):
     with pytest.raises(ValueError, match="chunk"):
         play("lru", [1, 1, 1], 2, chunk=chunk)
     assert play("lru", [1, 1, 1], 2, chunk=1).hits == 2
+
+
+@pytest.mark.parametrize("columns", [{"ts": [1.0]}, {"weights": [1]}, {"ts": [1.0] * 5},
+                                     {"weights": [1] * 4}])
+def test_play_refuses_a_trace_whose_columns_do_not_match_its_keys(columns):
+    from mlcache.sim.readers import Trace
+
+    trace = Trace(name="t", keys=[1, 2, 3], **columns)
+    with pytest.raises(ValueError, match="3 keys but"):
+        play("tac", trace, 2)

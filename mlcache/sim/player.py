@@ -78,6 +78,11 @@ def play(policy: Any, trace: Trace | Sequence[Hashable], capacity: int | None = 
         policy = make_policy(policy, capacity, keys, **options)
     ts_list = trace.ts if isinstance(trace, Trace) else None
     weights = trace.weights if isinstance(trace, Trace) else None
+    for what, column in (("ts", ts_list), ("weights", weights)):
+        # a shorter column was an IndexError mid-replay, a longer one was silently cut
+        if column is not None and len(column) != len(keys):
+            raise ValueError(f"trace {getattr(trace, 'name', '')!r} has {len(keys)} keys but "
+                             f"{len(column)} {what}")
     contains = policy.__contains__
     access, insert = policy.access, policy.insert
     hits = evictions = rejections = 0
