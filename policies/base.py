@@ -83,6 +83,7 @@ _REGISTRY: dict[str, type] = {}
 _REQUIRED_METHODS = ("insert", "access", "remove", "resize", "__len__", "__contains__")
 _LOCK = threading.Lock()
 _ENTRY_POINTS_LOADED = False
+_ENTRY_POINT_FAILURES: list[str] = []
 _BUILTIN_MODULES = ("lru", "clock", "wtinylfu", "tac", "belady", "dedup", "slidem", "sieve")
 
 
@@ -126,9 +127,17 @@ def _load_entry_points() -> None:
     _load_builtins()
     from importlib.metadata import entry_points
 
+    # One entry point that fails to load (a broken or non-policy plugin) neither stops the
+    # others nor is forgotten: it raised out of the first lookup only, every later lookup then
+    # said "unknown policy" without it, and the entry points after it were never registered.
+    failures = []
     for ep in entry_points(group="mlcache.policies"):
         if ep.name not in _REGISTRY:
-            register_policy(ep.name, ep.load())
+            try:
+                register_policy(ep.name, ep.load())
+            except Exception as exc:
+                failures.append(f"{ep.name} = {ep.value!r} ({type(exc).__name__}: {exc})")
+    _ENTRY_POINT_FAILURES[:] = failures
 
 
 def available_policies() -> list[str]:
@@ -143,4 +152,7 @@ def get_policy(name: str) -> type:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise _config_error("policy", f"unknown policy {name!r}; registered: {available_policies()}")
+        failed = (f"; entry points that failed to load: {'; '.join(_ENTRY_POINT_FAILURES)}"
+                  if _ENTRY_POINT_FAILURES else "")
+        raise _config_error("policy", f"unknown policy {name!r}; registered: "
+                                      f"{available_policies()}{failed}") from None

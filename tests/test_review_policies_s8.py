@@ -150,3 +150,29 @@ def test_play_refuses_a_trace_whose_columns_do_not_match_its_keys(columns):
     trace = Trace(name="t", keys=[1, 2, 3], **columns)
     with pytest.raises(ValueError, match="3 keys but"):
         play("tac", trace, 2)
+
+
+def test_a_broken_entry_point_neither_hides_the_others_nor_is_forgotten(tmp_path, monkeypatch):
+    import sys
+
+    from mlcache.policies import base, get_policy
+
+    (tmp_path / "s8plugin.py").write_text(
+        "from mlcache.policies.lru import LRUPolicy\n"
+        "class Good(LRUPolicy):\n    name = 's8-good'\n")
+    dist = tmp_path / "s8plugin-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: s8plugin\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[mlcache.policies]\ns8-a-broken = s8plugin_missing:Nope\ns8-b-not-policy = s8plugin:Good.name\n"
+        "s8-c-good = s8plugin:Good\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(base, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(base, "_ENTRY_POINT_FAILURES", [])
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    for _ in range(2):  # the first lookup and every later one say the same
+        with pytest.raises(ConfigError) as info:
+            get_policy("s8-a-broken")
+        assert "s8plugin_missing" in str(info.value) and "s8-b-not-policy" in str(info.value)
+    assert get_policy("s8-c-good").__name__ == "Good"
+    sys.modules.pop("s8plugin", None)
