@@ -176,3 +176,9 @@ def test_a_broken_entry_point_neither_hides_the_others_nor_is_forgotten(tmp_path
         assert "s8plugin_missing" in str(info.value) and "s8-b-not-policy" in str(info.value)
     assert get_policy("s8-c-good").__name__ == "Good"
     sys.modules.pop("s8plugin", None)
+
+
+@pytest.mark.parametrize("n_keys, fraction", [(10, 1.0), (1, 0.5)])
+def test_hotspot_keys_stay_in_the_key_space(n_keys, fraction):
+    keys = generators.hotspot(2000, n_keys, fraction, 0.5).keys
+    assert set(keys) <= set(range(n_keys))

@@ -74,7 +74,9 @@ def hotspot(n_requests: int = 1_000_000, n_keys: int = 100_000, hot_fraction: fl
     n_hot = max(1, int(n_keys * hot_fraction))
     is_hot = rng.random(n_requests) < hot_probability
     keys = np.where(is_hot, rng.integers(0, n_hot, n_requests),
-                    rng.integers(n_hot, max(n_hot + 1, n_keys), n_requests))
+                    # every key hot (hot_fraction 1, or one key): the cold draw is from the
+                    # same keys; it drew key n_keys, outside the key space, for 1 - p of them
+                    rng.integers(n_hot if n_hot < n_keys else 0, n_keys, n_requests))
     return Trace(name="hotspot", keys=keys.tolist(),
                  meta={"n_keys": n_keys, "hot_fraction": hot_fraction,
                        "hot_probability": hot_probability})
