@@ -82,7 +82,9 @@ _REGISTRY: dict[str, type] = {}
 # hint is optional (a policy without it gets none); everything else the levels and the player call
 _REQUIRED_METHODS = ("insert", "access", "remove", "resize", "__len__", "__contains__")
 _LOCK = threading.Lock()
-_ENTRY_POINTS_LOADED = False
+_ENTRY_POINTS_LOADED = False  # loading has started (in some thread)
+_ENTRY_POINTS_DONE = False  # loading has finished
+_ENTRY_POINTS_LOCK = threading.RLock()
 _ENTRY_POINT_FAILURES: list[str] = []
 _BUILTIN_MODULES = ("lru", "clock", "wtinylfu", "tac", "belady", "dedup", "slidem", "sieve")
 
@@ -120,7 +122,18 @@ def _load_builtins() -> None:
 
 
 def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_DONE:
+        return
+    # Another thread waits here until the loading thread is done: the flag alone let it through
+    # while plugins were still importing, and it got "unknown policy" for one of them. The
+    # lock is reentrant and the flag set first, so a plugin that looks a policy up while being
+    # loaded returns at once (as before).
+    with _ENTRY_POINTS_LOCK:
+        _load_entry_points_locked()
+
+
+def _load_entry_points_locked() -> None:
+    global _ENTRY_POINTS_LOADED, _ENTRY_POINTS_DONE
     if _ENTRY_POINTS_LOADED:
         return
     _ENTRY_POINTS_LOADED = True
@@ -138,6 +151,7 @@ def _load_entry_points() -> None:
             except Exception as exc:
                 failures.append(f"{ep.name} = {ep.value!r} ({type(exc).__name__}: {exc})")
     _ENTRY_POINT_FAILURES[:] = failures
+    _ENTRY_POINTS_DONE = True
 
 
 def available_policies() -> list[str]:

@@ -168,6 +168,7 @@ def test_a_broken_entry_point_neither_hides_the_others_nor_is_forgotten(tmp_path
         "s8-c-good = s8plugin:Good\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(base, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(base, "_ENTRY_POINTS_DONE", False, raising=False)
     monkeypatch.setattr(base, "_ENTRY_POINT_FAILURES", [])
     monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
     for _ in range(2):  # the first lookup and every later one say the same
@@ -182,3 +183,46 @@ def test_a_broken_entry_point_neither_hides_the_others_nor_is_forgotten(tmp_path
 def test_hotspot_keys_stay_in_the_key_space(n_keys, fraction):
     keys = generators.hotspot(2000, n_keys, fraction, 0.5).keys
     assert set(keys) <= set(range(n_keys))
+
+
+def test_a_lookup_waits_for_plugins_another_thread_is_loading(tmp_path, monkeypatch):
+    import sys
+    import threading
+
+    from mlcache.policies import base, get_policy
+
+    gate = type(sys)("s8gate")
+    gate.started, gate.go = threading.Event(), threading.Event()
+    monkeypatch.setitem(sys.modules, "s8gate", gate)
+    (tmp_path / "s8slow.py").write_text(
+        "import s8gate\ns8gate.started.set()\ns8gate.go.wait(10)\n"
+        "from mlcache.policies.lru import LRUPolicy\n"
+        "class Slow(LRUPolicy):\n    name = 's8-slow'\n")
+    dist = tmp_path / "s8slow-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: s8slow\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[mlcache.policies]\ns8-slow = s8slow:Slow\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(base, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(base, "_ENTRY_POINTS_DONE", False, raising=False)
+    monkeypatch.setattr(base, "_ENTRY_POINT_FAILURES", [])
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    found: dict = {}
+
+    def look(who):
+        try:
+            found[who] = get_policy("s8-slow").__name__
+        except Exception as exc:
+            found[who] = repr(exc)
+
+    first = threading.Thread(target=look, args=("first",))
+    first.start()
+    assert gate.started.wait(10)        # the first lookup is importing the plugin
+    second = threading.Thread(target=look, args=("second",))
+    second.start()
+    second.join(0.5)                    # it answered "unknown policy" here, before the fix
+    gate.go.set()
+    first.join(10)
+    second.join(10)
+    assert found == {"first": "Slow", "second": "Slow"}
+    sys.modules.pop("s8slow", None)
