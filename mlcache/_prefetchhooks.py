@@ -54,7 +54,7 @@ class PrefetchHooks:
             with self._lock:
                 if kb in self._data:
                     self._apply_reads()
-                    heap.policy.hint(kb, ts)
+                    _tell(heap.policy, kb, ts)
                     return
         prefetcher = self._get_prefetcher()
         if prefetcher is not None:
@@ -68,7 +68,7 @@ class PrefetchHooks:
         if heap is not None:
             with self._lock:
                 self._apply_reads()
-                heap.policy.hint(kb, ts)
+                _tell(heap.policy, kb, ts)
 
     def _get_prefetcher(self) -> Any:
         """This process's prefetcher (made on first use), or ``None`` when prefetching is
@@ -109,7 +109,7 @@ class PrefetchHooks:
         if self._heap is not None:
             with self._lock:
                 self._apply_reads()  # keep hits and hints in the order they happened
-                self._heap.policy.hint(key_bytes, ts)
+                _tell(self._heap.policy, key_bytes, ts)
 
     def _note_landed(self, items: list[bytes], timed: list[tuple[bytes, float]]) -> None:
         """Lock held: tell the prefetcher of the first use of keys it prefetched (hits replayed
@@ -125,3 +125,11 @@ class PrefetchHooks:
         for kb, ts in timed:
             if kb in landed:
                 note(kb, ts)
+
+
+def _tell(policy: Any, kb: bytes, ts: float) -> None:
+    # ``hint`` is optional in the Policy protocol: a registered policy without one (it cannot
+    # use a hint) is simply not told, as the prefetcher does not tell it either
+    hint = getattr(policy, "hint", None)
+    if hint is not None:
+        hint(kb, ts)

@@ -22,7 +22,23 @@ _LOST_TIE = _LOST_WINDOW | _TIE  # a candidate refused on a tie
 # Ghosts remember one loss in _SAMPLE (a ghost hit then moves _SAMPLE steps): the same
 # expected gradient for a quarter of the bookkeeping on the miss path.
 _SAMPLE = 4
-_NOKEY = object()  # no cached victim (None is a valid key)
+
+
+class _NoKey:
+    """The marker of "no cached victim" (None is a valid key), compared by identity: it
+    pickles as a reference to this module's one instance, so a pickled or deep-copied policy
+    still recognises it (a copy of a plain object() was taken for a key: KeyError)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "_NOKEY"
+
+    def __repr__(self) -> str:
+        return "_NOKEY"
+
+
+_NOKEY = _NoKey()
 
 
 class SteadyMiss:

@@ -226,3 +226,44 @@ def test_a_lookup_waits_for_plugins_another_thread_is_loading(tmp_path, monkeypa
     second.join(10)
     assert found == {"first": "Slow", "second": "Slow"}
     sys.modules.pop("s8slow", None)
+
+
+def test_a_pickled_or_copied_wtinylfu_policy_keeps_working():
+    """W-TinyLFU's "no cached victim" marker was a plain object(): a pickled or deep-copied
+    policy got a new object for it, took it for a key and raised KeyError on its next miss."""
+    import copy
+
+    from mlcache.policies.wtinylfu import WTinyLFUPolicy
+
+    for copier in (lambda p: pickle.loads(pickle.dumps(p)), copy.deepcopy):
+        p = copier(WTinyLFUPolicy(4))
+        for i in range(40):
+            p.insert(i)
+        q = copier(p)
+        for i in range(40, 80):
+            q.insert(i)
+        assert len(p) == len(q) == 4
+
+
+def test_manager_hint_with_a_policy_without_hint(tmp_path):
+    """hint is optional in the Policy protocol, but manager.hint() called the heap policy's
+    hint unconditionally: AttributeError from a registered policy without one."""
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+    from mlcache.policies.lru import LRUPolicy
+
+    class NoHint(LRUPolicy):
+        name = "s8-nohint"
+
+        def __getattribute__(self, attr):
+            if attr == "hint":
+                raise AttributeError(attr)
+            return super().__getattribute__(attr)
+
+    register_policy("s8-nohint", NoHint)
+    cfg = CacheConfig(heap=HeapConfig(max_entries=4, max_bytes=None, policy="s8-nohint"),
+                      levels=(DiskConfig(path=str(tmp_path / "d")),))
+    with CacheManager(cfg) as m:
+        m.put("a", 1)
+        m.hint("a", 5.0)      # resident
+        m.hint("zz", 6.0)     # absent
+        assert m.get("a") == 1
