@@ -121,8 +121,8 @@ class RecordCache:
         self._held: dict[bytes, Any] = {}     # pending key not in the heap -> its new value
         self._partial: dict[bytes, set[tuple[int, int]]] = {}  # key -> _idents that took it
         self._cuts: deque[_Cut] = deque()
-        # Deletes: the room each freed in the heap (the weight of the value it dropped), as a
-        # measure of the old values held for tombstones, which take no room in the heap.
+        # Old values held outside the heap's count (a delete's, an update's): the weight each
+        # had in the heap; past the budget, the next write cuts their namespaces.
         self._tombs: dict[bytes, int] = {}
         self._tomb_weight = 0
         self._tombs_over = False
@@ -230,7 +230,17 @@ class RecordCache:
         old = self._old
         if kb not in old:
             value = self.data.get(kb, _MISSING)
-            old[kb] = value if value is not _MISSING else self._current(kb, preloaded)
+            if value is not _MISSING:
+                old[kb] = value
+                heap = self.heap
+                if heap.by_bytes:          # the old value leaves the heap's count: weigh it
+                    w = heap.weights.get(kb, 1)
+                    self._tomb_weight += w - self._tombs.get(kb, 0)
+                    self._tombs[kb] = w
+                    if self._tomb_weight > heap.capacity:
+                        self._tombs_over = True
+            else:
+                old[kb] = self._current(kb, preloaded)
         if self._held:
             self._held.pop(kb, None)
         if self._partial:
@@ -269,9 +279,9 @@ class RecordCache:
         return None
 
     def _cut_tombstones(self) -> None:
-        """Outside the lock: the old values held for deletes outweigh the budget (a tombstone
-        takes no room in the heap, so deletes alone never evict): cut their namespaces, as a
-        dirty eviction would, and forward them."""
+        """Outside the lock: the old values held for deletes and updates outweigh the budget
+        (they take no room in the heap: deletes, or small values replacing large ones, never
+        evict): cut their namespaces, as a dirty eviction would, and forward them."""
         m = self.manager
         with m._lock:
             if m._closed or not self._tombs_over:

@@ -47,3 +47,22 @@ def test_deletes_do_not_hold_old_values_past_the_budget(tmp_path):
     assert all(new is None and old == bytes(100_000) for _, new, old in out)
     assert m.get(5) is None
     m.close()
+
+
+def test_updates_do_not_hold_old_values_past_the_budget(tmp_path):
+    # An update keeps the value last flushed until the key is forwarded, outside the heap's
+    # count: 300 stored values of 100 kB replaced by small ints (1 MiB budget) held 30 MB.
+    m = make(tmp_path, max_bytes_buffering=1 << 20)
+    for i in range(300):
+        m.put(i, bytes(100_000))
+    m.close()
+    m = make(tmp_path, max_bytes_buffering=1 << 20)
+    out = []
+    m.on_flush(lambda batch: out.extend(batch))
+    for i in range(300):
+        m.put(i, i)
+        assert len(m._records._old) <= 11
+    m.flush()
+    assert sorted(k for k, _, _ in out) == list(range(300))          # each update once
+    assert all(new == k and old == bytes(100_000) for k, new, old in out)
+    m.close()
