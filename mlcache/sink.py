@@ -18,11 +18,16 @@ from typing import Any, Callable, Iterable
 __all__ = ["ForwardingSink"]
 
 
+_IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None), frozenset, range})
+
+
 def _same(new: Any, old: Any) -> bool:
     """``new == old`` as a bool, also for values whose ``==`` is element-wise (numpy arrays,
     pandas objects), where ``bool(new == old)`` raises: then equal shapes and elements."""
     if new is old:
-        return True
+        # one object on both sides: equal only if it cannot have changed (a dict changed in
+        # place and put again also arrives as ``old is new``, and was skipped as unchanged)
+        return type(new) in _IMMUTABLE
     try:
         return bool(new == old)
     except (ValueError, TypeError):
@@ -42,7 +47,8 @@ class ForwardingSink:
     """Forward batches of ``(key, new, old)`` to ``fn`` (see the module docstring).
 
     ``deletes=False`` drops records whose ``new`` is None; ``skip_unchanged=True`` drops records
-    with ``new == old``; ``format="pandas"`` passes a ``pandas.DataFrame`` with columns
+    with ``new == old`` (a mutable value changed in place and put again, which arrives as
+    ``old is new``, is never taken for unchanged); ``format="pandas"`` passes a ``pandas.DataFrame`` with columns
     ``key, new, old`` (and ``namespace``) instead of a list of tuples.
     """
 

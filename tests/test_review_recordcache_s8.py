@@ -66,3 +66,27 @@ def test_updates_do_not_hold_old_values_past_the_budget(tmp_path):
     assert sorted(k for k, _, _ in out) == list(range(300))          # each update once
     assert all(new == k and old == bytes(100_000) for k, new, old in out)
     m.close()
+
+
+def test_skip_unchanged_forwards_a_value_changed_in_place(tmp_path):
+    """A dict changed in place and put again arrives as ``old is new``; ForwardingSink's
+    skip_unchanged took that for "unchanged" and dropped the change silently."""
+    from mlcache import CacheConfig, CacheManager, DiskConfig, ForwardingSink, HeapConfig
+
+    rows = []
+    sink = ForwardingSink(rows.extend, skip_unchanged=True)
+    cfg = CacheConfig(heap=HeapConfig(policy="dedup"), levels=(DiskConfig(path=str(tmp_path)),))
+    with CacheManager(cfg) as cache:
+        cache.on_flush(sink)
+        state = {"n": 1}
+        cache.put("k", state)
+        cache.flush()
+        state["n"] = 2
+        cache.put("k", state)
+        cache.put("same", 5)
+        cache.flush()
+        cache.put("same", 5)          # an int put again: unchanged, skipped
+        cache.flush()
+    assert [(k, dict(v)) for k, v, _ in rows if k == "k"] == [("k", {"n": 2}), ("k", {"n": 2})]
+    assert [r for r in rows if r[0] == "same"] == [("same", 5, None)]
+    assert sink.skipped == 1
