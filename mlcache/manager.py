@@ -490,9 +490,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         for level in self._levels:
             level.close()
         with self._lock:
-            self._data.clear()
             if self._heap is not None:
-                self._heap.dirty.clear()
+                self._heap.drop_all()   # its data is self._data; the bytes accounted go too
+            self._data.clear()
             self._digests.clear()
             self._handed.clear()
             self._reads = []

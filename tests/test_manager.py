@@ -465,3 +465,18 @@ def test_the_manager_keeps_its_attributes_inline(tmp_path):
             assert m.last_checkpoint_id == "cp"
             names.update(vars(m))   # (vars() makes the dict: only after the work above)
     assert len(names) <= 27, sorted(names)
+
+
+def test_stats_after_close_account_no_heap_bytes(tmp_path):
+    """close() emptied the heap's dict but left its accounted bytes: stats() after close said
+    entries=0 with bytes still at their last value (and so did mlcache_used_bytes)."""
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+
+    cfg = CacheConfig(heap=HeapConfig(max_bytes=1 << 20), levels=(DiskConfig(path=str(tmp_path)),))
+    m = CacheManager(cfg)
+    for i in range(100):
+        m.put(i, "x" * 100)
+    assert m.stats()["levels"]["heap"]["bytes"] > 0
+    m.close()
+    heap = m.stats()["levels"]["heap"]
+    assert heap["entries"] == 0 and heap["bytes"] == 0
