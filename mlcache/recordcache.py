@@ -307,7 +307,7 @@ class RecordCache:
         only until its namespace is cut, at once, as the eviction of a dirty entry cuts it:
         held until the next flush, such values were memory outside the budget, unbounded."""
         policy = self.policy
-        spaces = None
+        spaces: dict[Any, None] | None = None
         for kb, value, dirty in victims:
             if dirty and policy.is_dirty(kb):
                 self._held[kb] = value

@@ -316,7 +316,7 @@ class _PolicyCache(cachetools.Cache):
         self._insert = policy.insert
         # The unit-weight miss path: the key is known to be absent, skip the policy's checks.
         # (a bound method, not a lambda: the cache must stay picklable, as cachetools' are)
-        self._miss = getattr(policy, "_miss", None) or self._insert_one
+        self._miss: Callable[[Hashable], Any] = getattr(policy, "_miss", None) or self._insert_one
         # W-TinyLFU's steady miss is written out in __setitem__ (for the policy class itself,
         # not a subclass that may change it).
         own = getattr(type(policy), "_miss", None) is WTinyLFUPolicy._miss
