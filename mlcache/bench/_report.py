@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._files import replace_atomically
+
 __all__ = ["BenchReport", "machine_description", "Timer"]
 
 _OPS = {
@@ -113,21 +115,11 @@ class BenchReport:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
-    """``data`` as JSON at ``path``, through a temporary file renamed over it (a reader never
-    sees half a file; a failed write leaves what was there)."""
-    path = os.fspath(path)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
+    """``data`` as JSON at ``path``, written atomically (see :func:`replace_atomically`)."""
+    def write(tmp: str) -> None:
         with open(tmp, "w") as fh:
             json.dump(data, fh, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_atomically(path, write)
 
 
 def _fmt(v: Any) -> str:

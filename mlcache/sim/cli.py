@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import secrets
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from mlcache._files import replace_atomically
 from mlcache.errors import ConfigError
 
 from . import generators
@@ -105,26 +105,8 @@ def _table(results: list[SimResult]) -> str:
     return "\n".join(lines)
 
 
-def _replace_atomically(path: str, write: Callable[[str], None]) -> None:
-    """``write`` a temporary file beside ``path``, then rename it to ``path``: a reader never
-    sees half a file, and a failed write leaves what was at ``path`` before."""
-    # named here rather than by mkstemp, so that the file gets the umask's mode like any
-    # other the user writes, not mkstemp's 0600
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _write_csv(path: str, trace: Trace, results: list[SimResult]) -> None:
-    _replace_atomically(path, lambda tmp: _csv_rows(tmp, trace, results))
+    replace_atomically(path, lambda tmp: _csv_rows(tmp, trace, results))
 
 
 def _csv_rows(path: str, trace: Trace, results: list[SimResult]) -> None:
@@ -156,7 +138,7 @@ def _plot(path: str, trace: Trace, results: list[SimResult]) -> None:
     try:
         # a PNG at exactly ``path``: matplotlib would take the format from the extension
         # (a traceback for --plot out.txt) or add ".png" to a name without one
-        _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     finally:
         plt.close(fig)
 
