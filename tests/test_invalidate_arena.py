@@ -7,6 +7,8 @@ invalidate_local dropped heap copies only; the Spark integration's workaround de
 entries even when the arena was the last level, losing them."""
 from __future__ import annotations
 
+import pytest
+
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
 from mlcache.config import ArenaConfig
 
@@ -46,25 +48,20 @@ def test_arena_copies_not_yet_copied_down_are_kept(tmp_path):
         assert [m.get(i) for i in range(20)] == list(range(20))
 
 
-def test_an_arena_that_is_the_last_level_keeps_its_entries(tmp_path):
-    cfg = CacheConfig(heap=HeapConfig(max_entries=2, max_bytes=None), levels=(_arena(),))
-    with CacheManager(cfg) as m:
-        ns = m.namespace("s")
-        for i in range(10):
-            ns.put(i, i)
-        m.checkpoint()
-        m.invalidate_local("s")
-        assert [ns.get(i) for i in range(10)] == list(range(10))
-
-
-def test_spark_drop_local_keeps_a_last_level_arena(tmp_path):
+def _spark_drop_local(m, namespace):
     from integrations.spark._executor import drop_local
 
+    drop_local(m, namespace)
+
+
+@pytest.mark.parametrize("forget", [lambda m, ns: m.invalidate_local(ns), _spark_drop_local],
+                         ids=["invalidate_local", "spark_drop_local"])
+def test_an_arena_that_is_the_last_level_keeps_its_entries(tmp_path, forget):
     cfg = CacheConfig(heap=HeapConfig(max_entries=2, max_bytes=None), levels=(_arena(),))
     with CacheManager(cfg) as m:
         ns = m.namespace("s")
         for i in range(10):
             ns.put(i, i)
         m.checkpoint()
-        drop_local(m, "s")
+        forget(m, "s")
         assert [ns.get(i) for i in range(10)] == list(range(10))
