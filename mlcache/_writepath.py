@@ -42,6 +42,7 @@ class WritePath:
     _reads_ts: list[tuple[bytes, float]]
     _check_open: Callable[[], None]
     _apply_reads: Callable[[], None]
+    _weight_of: Callable[[bytes, Any], int | None]
 
     # -- puts and deletes --------------------------------------------------------------------
 
@@ -269,6 +270,8 @@ class WritePath:
         heap = self._heap
         assert heap is not None
         data, digests, buffer = heap.data, self._digests, self._wb.buffer
+        weights = heap.weights if heap.by_bytes else None
+        overhead = heap.entry_overhead
         n = len(dirty)
         while i < n:
             kb = dirty[i]
@@ -289,6 +292,9 @@ class WritePath:
             if self._track and type(value) not in IMMUTABLE:
                 digests.remember(kb, raw)
             self._cold.stats.writeback["dirty_flushes"] += 1
+            if weights is not None and len(raw) + overhead > weights.get(kb, 0):
+                # its encoding alone outweighs what the put weighed: changed in place since
+                self._reweigh(kb, value, raw)
             if limit is not None and buffer.nbytes >= limit:
                 break
         return i
@@ -320,9 +326,22 @@ class WritePath:
                 digests.remember(kb, raw)
                 self._wb.enqueue(kb, raw)
                 self._cold.stats.writeback["mutations_detected"] += 1
+                self._reweigh(kb, value, raw)
                 if limit is not None and buffer.nbytes >= limit:
                     break
         return j
+
+    def _reweigh(self, kb: bytes, value: Any, raw: bytes) -> None:
+        """Lock held: ``kb``'s value was changed in place (``raw``: its encoding now, just
+        queued to be written): a bytes-bounded heap weighs it again, so the budget follows
+        what the value takes now, and evicts if it no longer fits."""
+        heap = self._heap
+        if heap is None or not heap.by_bytes or self._records is not None:
+            return   # (the record cache weighs records as they were put, as in KIP-63)
+        weight = self._weight_of(kb, value) if self._cold.weighers else None
+        victims = heap.reweigh(kb, len(raw), weight)
+        if victims:
+            self._handle_victims(victims)
 
     def _stage_unpinned(self) -> None:
         """Lock held: pinned victims that became encodable leave the heap now."""

@@ -308,6 +308,35 @@ class HeapLevel:
             lost = [v for v in lost if v[0] not in mine]
         return lost, refused
 
+    def reweigh(self, key: bytes, size: int, weight: int | None = None
+                ) -> list[tuple[bytes, Any, bool]]:
+        """A resident value was changed in place (its new encoding is ``size`` bytes): weigh
+        it again, as :meth:`insert` would, and return the victims if it no longer fits (the
+        entry itself when it is now heavier than the heap). ``weight``: as for insert."""
+        if not self.by_bytes or key in self.pinned or key not in self.data:
+            return []
+        value = self.data[key]
+        if weight is None:
+            weight = self.weigh(value, size)
+        else:
+            weight = max(1, weight + self.entry_overhead)
+        if self.entry_overhead:
+            weight += len(key) << 1
+        old = self.weights.get(key, 0)
+        if weight == old:
+            return []
+        if weight > self.capacity:
+            dirty = key in self.dirty
+            self.remove(key)
+            return [(key, value, dirty)]
+        self.weights[key] = weight
+        self.tracked_weight += weight - old
+        victims = self._take(self.policy.insert(key, weight, None))
+        sketch = self._sketch
+        if sketch is not None and sketch.capacity != self._sketch_cap:
+            victims.extend(self._apply_capacity())
+        return victims
+
     def _take(self, keys: list[Hashable]) -> list[tuple[bytes, Any, bool]]:
         # the policy hands back the keys it was given: this level's byte keys
         out: list[tuple[bytes, Any, bool]] = []
