@@ -467,6 +467,8 @@ class ReadPath:
         """Lock held: keep whatever happened to a key during the read, else admit what we read.
         ``values``: the decoded values of ``found``, in its order. ``whole``: ``found`` holds
         only keys of ``keys``."""
+        # close() may have run while we read: a closed manager's heap takes nothing more
+        self._check_open()
         self._count_reads(timings, len(found) if prefetch else 0)
         data, wb = self._data, self._wb
         tombstones = wb.tombstones
