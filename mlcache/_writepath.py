@@ -272,6 +272,7 @@ class WritePath:
         data, digests, buffer = heap.data, self._digests, self._wb.buffer
         weights = heap.weights if heap.by_bytes else None
         overhead = heap.entry_overhead
+        pin_errors = self._cold.pin_errors
         n = len(dirty)
         while i < n:
             kb = dirty[i]
@@ -282,13 +283,15 @@ class WritePath:
             try:
                 raw = self._codec.encode(value)
             except SerializationError as exc:
-                self._cold.pin_errors[kb] = SerializationError(
+                pin_errors[kb] = SerializationError(
                     f"cannot write back key {self._describe_key(kb)!r}: value of type "
                     f"{type(value).__name__} is not serializable ({exc})",
                     key=self._describe_key(kb), value_type=type(value))
                 continue
             self._wb.enqueue(kb, raw)
             heap.dirty.discard(kb)
+            if pin_errors:
+                pin_errors.pop(kb, None)   # failed at an earlier flush, fixed in place since
             if self._track and type(value) not in IMMUTABLE:
                 digests.remember(kb, raw)
             self._cold.stats.writeback["dirty_flushes"] += 1
