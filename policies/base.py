@@ -10,7 +10,10 @@ Contract (checked for every registered policy by ``tests/test_policy_contract.py
 * ``insert(key, weight, ts)`` adds ``key`` (or, if already present, updates its weight and
   counts as an access) and returns the keys that must leave so the total weight fits
   ``capacity``. The list may hold ``key`` itself when the policy declines to admit it, or when
-  its weight alone exceeds the capacity. Returned keys are no longer tracked.
+  its weight alone exceeds the capacity. Returned keys are no longer tracked. A weight is a
+  non-negative number (0 is allowed); a negative or NaN weight is a ``ValueError`` and a
+  non-number a ``TypeError``, raised before anything changes (a NaN total never exceeds the
+  capacity again, a negative one lets the policy hold more than it).
 * ``access(key, ts)`` records a hit; ``remove(key)`` forgets a key (the storage deleted it);
   both are no-ops for unknown keys.
 * ``hint(key, ts)`` says the key is expected at event time ``ts`` (TAC uses it); default no-op.
@@ -71,6 +74,18 @@ def _config_error(field: str, message: str) -> Exception:
     from mlcache.errors import ConfigError
 
     return ConfigError(field, message)
+
+
+def _check_heavy(weight: Any, capacity: Any) -> None:
+    """For a weight that is not ``0 <= weight <= capacity``: return if it is merely heavier
+    than the capacity (the policy refuses the entry), else raise an error naming it."""
+    try:
+        if weight > capacity:
+            return
+    except TypeError:
+        raise TypeError(f"weight must be a number, got {type(weight).__name__} {weight!r}"
+                        ) from None
+    raise ValueError(f"weight must be a non-negative number, got {weight!r}")
 
 
 def _check_capacity(capacity: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable, Iterator
 
-from .base import BasePolicy, _check_capacity, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
 
 __all__ = ["ClockPolicy"]
 
@@ -33,7 +33,12 @@ class ClockPolicy(BasePolicy):
         return iter(self._ring)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
-        if weight > self.capacity:      # can never fit: refuse it without disturbing the rest
+        try:
+            fits = 0 <= weight <= self.capacity
+        except TypeError:   # not a number: named by _check_heavy
+            fits = False
+        if not fits:        # can never fit: refuse it without disturbing the rest
+            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
             self.remove(key)
             return [key]
         old = self._ring.get(key)

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable, Hashable, Iterable, Iterator
 
-from .base import BasePolicy, _check_capacity, _config_error, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, _config_error, register_policy
 
 __all__ = ["DedupPolicy", "namespace_of"]
 
@@ -96,8 +96,13 @@ class DedupPolicy(BasePolicy):
         return sp
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
-        if weight > self.capacity:
+        try:
+            fits = 0 <= weight <= self.capacity
+        except TypeError:   # not a number: named by _check_heavy
+            fits = False
+        if not fits:
             # Heavier than the whole budget: never admitted (the storage refuses it too).
+            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
             self.remove(key)
             return [key]
         sp = self._home.get(key)

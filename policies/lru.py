@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable, Iterator
 
-from .base import BasePolicy, _check_capacity, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
 
 __all__ = ["LRUPolicy"]
 
@@ -27,7 +27,12 @@ class LRUPolicy(BasePolicy):
         return iter(self._order)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
-        if weight > self.capacity:      # can never fit: refuse it without emptying the cache
+        try:
+            fits = 0 <= weight <= self.capacity
+        except TypeError:   # not a number: named by _check_heavy
+            fits = False
+        if not fits:        # can never fit: refuse it without emptying the cache
+            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
             self.remove(key)
             return [key]
         order = self._order

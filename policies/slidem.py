@@ -35,7 +35,7 @@ import heapq
 import itertools
 from typing import Any, Hashable, Iterator
 
-from .base import BasePolicy, _check_capacity, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
 
 __all__ = ["SlideMPolicy"]
 
@@ -67,6 +67,16 @@ class SlideMPolicy(BasePolicy):
         return iter(self._weights)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
+        try:
+            fits = 0 <= weight <= self.capacity
+        except TypeError:   # not a number: named by _check_heavy
+            fits = False
+        if not fits:
+            # Heavier than the whole capacity: refused, before it is counted (an infinite
+            # weight counted then taken off left a NaN total that never exceeds the capacity).
+            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
+            self.remove(key)
+            return [key]
         old = self._weights.get(key)
         if old is not None:
             self.total_weight -= old
@@ -81,9 +91,6 @@ class SlideMPolicy(BasePolicy):
                 heapq.heapify(self._heap)
         self._weights[key] = weight
         self.total_weight += weight
-        if weight > self.capacity:
-            self._forget(key)
-            return [key, *self._evict()]
         return self._evict()
 
     def access(self, key: Hashable, ts: float | None = None) -> None:

@@ -56,7 +56,7 @@ from typing import Any, Hashable, Iterator
 from mlcache.sketch import FrequencySketch
 
 from ._wtinylfu_miss import _LOST_MAIN, _LOST_WINDOW, _NOKEY, _SAMPLE, _TIE, _WARM, SteadyMiss
-from .base import BasePolicy, _check_capacity, _config_error, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, _config_error, register_policy
 
 __all__ = ["WTinyLFUPolicy"]
 
@@ -243,7 +243,12 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
         if weight == 1 and self._cold.unit:
             lost = self._miss(key)
             return lost if type(lost) is list else [lost]
-        if weight > self.capacity:
+        try:
+            fits = 0 <= weight <= self.capacity
+        except TypeError:   # not a number: named by _check_heavy
+            fits = False
+        if not fits:
+            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
             pending = self._pending
             pending[key] = pending.get(key, 0) + 1
             countdown = self._countdown - 1  # a refused insert is a miss: it counts to a drain
@@ -489,6 +494,18 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
             self._cold.qsize += delta
 
     def _update(self, key: Hashable, weight: int) -> list:
+        try:
+            fits = 0 <= weight <= self.capacity
+        except TypeError:   # not a number: named by _check_heavy
+            fits = False
+        if not fits:
+            # Checked before the entry's weight changes: a negative or NaN weight is an error,
+            # and one heavier than the capacity leaves without being counted (an infinite
+            # weight counted then taken off left NaN sizes that never exceed a bound again).
+            _check_heavy(weight, self.capacity)
+            self.access(key)
+            self.remove(key)
+            return [key]
         for seg in (self._protected, self._probation, self._window):
             old = seg.get(key)
             if old is not None:
@@ -500,9 +517,6 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
                     self._victim = _NOKEY
                 break
         self.access(key)
-        if weight > self.capacity:
-            self.remove(key)
-            return [key]
         if self.total_weight > self.capacity or self._cold.wsize > self._window_max:
             return self._evict()
         return []
