@@ -13,6 +13,8 @@ from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
 
 __all__ = ["ClockPolicy"]
 
+_NO_KEY = object()  # no newcomer to protect (None is a valid key)
+
 
 @register_policy("clock")
 class ClockPolicy(BasePolicy):
@@ -64,7 +66,7 @@ class ClockPolicy(BasePolicy):
         self.capacity = capacity
         return self._evict()
 
-    def _evict(self, protect: Hashable = None) -> list:
+    def _evict(self, protect: Hashable = _NO_KEY) -> list:
         # The hand chooses among the entries that were there before the insert: the newcomer
         # replaces the victim, as in CLOCK proper, instead of being its own victim (a value just
         # loaded and handed to the caller must stay resident, or in-place changes to it would
@@ -73,7 +75,7 @@ class ClockPolicy(BasePolicy):
         ring, referenced = self._ring, self._referenced
         while self.total_weight > self.capacity and ring:
             key, weight = ring.popitem(last=False)
-            if (key in referenced or (protect is not None and key == protect)) and len(ring) > 0:
+            if (key in referenced or key == protect) and len(ring) > 0:
                 referenced.discard(key)
                 ring[key] = weight  # second chance: back to the tail of the ring
                 continue

@@ -37,6 +37,7 @@ from .base import BasePolicy, _check_capacity, _check_heavy, _config_error, regi
 __all__ = ["DedupPolicy", "namespace_of"]
 
 _SEP = b"\x1f"
+_NO_KEY = object()  # no newcomer to protect (None is a valid key)
 
 
 def namespace_of(key: Hashable) -> Hashable:
@@ -133,7 +134,7 @@ class DedupPolicy(BasePolicy):
     def resize(self, capacity: int) -> list:
         _check_capacity(capacity)
         self.capacity = capacity
-        return self._evict(None, None)
+        return self._evict(None, _NO_KEY)
 
     # -- dirty tracking -----------------------------------------------------------------------
 
@@ -211,7 +212,7 @@ class DedupPolicy(BasePolicy):
         while self.total_weight > self.capacity:
             sp = self._pick(prefer, protect)
             if sp is None:
-                if protect is None or protect not in self._home:
+                if protect not in self._home:
                     break
                 sp = self._home[protect]            # only the new key is left: it goes too
             key = next(iter(sp.lru))

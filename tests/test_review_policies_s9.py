@@ -64,3 +64,35 @@ def test_an_infinite_weight_is_refused_and_the_total_stays_finite(name, resident
     for k in range(100, 130):
         policy.insert(k, 1)
     assert policy.total_weight == len(policy) <= 10
+
+
+def test_clock_never_makes_a_none_newcomer_its_victim():
+    # None stood for "no newcomer to protect", so a newcomer whose key is None was not
+    # protected: with every resident entry referenced, inserting None evicted None itself.
+    policy = get_policy("clock")(3)
+    for k in "abc":
+        policy.insert(k)
+        policy.access(k)
+    victims = policy.insert(None)
+    assert victims and None not in victims and None in policy and len(policy) == 3
+
+
+@pytest.mark.parametrize("others", [[], [(b"ns\x1fa", 1)]])
+def test_dedup_resize_evicts_a_none_key_too(others):
+    # resize passed None as "no newcomer to protect": a None key alone in its namespace was
+    # skipped, and resize(5) returned no victim with 8 of weight held (capacity exceeded).
+    policy = get_policy("dedup")(10)
+    for key, weight in others:
+        policy.insert(key, weight)
+    policy.insert(None, 8)
+    victims = policy.resize(5)
+    assert None in victims and None not in policy
+    assert policy.total_weight <= 5
+
+
+def test_dedup_resize_evicts_in_lru_order_with_a_none_key():
+    # the None key was also moved to the MRU end at a resize, as if it were a newcomer
+    policy = get_policy("dedup")(10)
+    for key in (None, "a", "b", "c"):
+        policy.insert(key, 2)
+    assert policy.resize(6) == [None]
