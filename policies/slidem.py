@@ -49,8 +49,8 @@ class SlideMPolicy(BasePolicy):
     def __init__(self, capacity: int, **options: Any) -> None:
         super().__init__(capacity, **options)
         self._weights: dict[Hashable, int] = {}
-        self._pos: dict[Hashable, float] = {}
-        self._heap: list[tuple[float, int, Hashable]] = []
+        self._pos: dict[Hashable, int] = {}
+        self._heap: list[tuple[int, int, Hashable]] = []
         self._ordinal = itertools.count()
         self._entry: dict[Hashable, int] = {}
         self._cursors: dict[Hashable, int] = {}
@@ -82,7 +82,9 @@ class SlideMPolicy(BasePolicy):
             self.total_weight -= old
         else:
             n = next(self._ordinal)
-            pos = float(key) if type(key) is int else float(n)
+            # (an int, not a float: float() of an int key past 1e308 raised OverflowError,
+            # and past 2**53 distinct blocks got one position)
+            pos = key if type(key) is int else n
             self._pos[key] = pos
             self._entry[key] = n
             heapq.heappush(self._heap, (-pos, -n, key))

@@ -96,3 +96,16 @@ def test_dedup_resize_evicts_in_lru_order_with_a_none_key():
     for key in (None, "a", "b", "c"):
         policy.insert(key, 2)
     assert policy.resize(6) == [None]
+
+
+def test_slidem_takes_any_int_key():
+    # Integer keys are block positions: float(key) raised OverflowError for an int past
+    # ~1e308, and above 2**53 neighbouring blocks shared one position (the newest-written rule
+    # then followed insertion order instead of the block order).
+    policy = get_policy("slidem")(2)
+    assert policy.insert(10**400) == [] and 10**400 in policy
+    base = 2**53
+    policy = get_policy("slidem")(2)
+    for key in (base + 2, base + 1):
+        policy.insert(key)
+    assert policy.insert(base) == [base + 2]          # the farthest position leaves
