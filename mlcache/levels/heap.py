@@ -58,7 +58,12 @@ def estimate_size(value: Any, _depth: int = 0) -> int:
     t = type(value)
     if t in _SHARED or (t is int and -5 <= value <= 256):
         return 0
-    size = sys.getsizeof(value, 64)
+    try:
+        size = sys.getsizeof(value, 64)
+    except Exception:
+        # a __sizeof__ that fails or returns a negative or non-int: weighing is an estimate,
+        # and a put must not fail half done over it: the object's own struct instead
+        size = object.__sizeof__(value)
     split = _SPLIT.get(t)
     if split is not None and size > split:
         size = _alloc(split) + _alloc(size - split)
@@ -87,7 +92,10 @@ def estimate_size(value: Any, _depth: int = 0) -> int:
                 break
             total += estimate_size(item, _depth + 1)
         return size + total * n // min(n, _SAMPLE)
-    attrs = getattr(value, "__dict__", None)
+    try:
+        attrs = getattr(value, "__dict__", None)
+    except Exception:   # a __getattr__ raising something else than AttributeError
+        attrs = None
     if type(attrs) is dict:
         size += estimate_size(attrs, _depth + 1)
     return size
