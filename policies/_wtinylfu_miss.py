@@ -22,6 +22,11 @@ _LOST_TIE = _LOST_WINDOW | _TIE  # a candidate refused on a tie
 # Ghosts remember one loss in _SAMPLE (a ghost hit then moves _SAMPLE steps): the same
 # expected gradient for a quarter of the bookkeeping on the miss path.
 _SAMPLE = 4
+# A packed sketch byte's two counters, looked up: ``_LO[x] == x & 15``, ``_HI[x] == x >> 4``.
+# CPython 3.11 specialises indexing a tuple by an int, but not ``&`` or ``>>`` (only ``+``,
+# ``-`` and ``*`` of ints), which take the generic number protocol.
+_LO = tuple(x & 15 for x in range(256))
+_HI = tuple(x >> 4 for x in range(256))
 
 
 class _NoKey:
@@ -122,7 +127,7 @@ class SteadyMiss:
         i = m & mask  # from here on small ints: 64-bit ones are multi-digit PyLongs, slower
         t = self._table  # the sketch's layout: row 0 | row 1 << 4, then row 2 | row 3 << 4
         bar = self._bar - pending.get(cand, 0)  # what the candidate's sketch rows must reach
-        f = t[i] & 15
+        f = _LO[t[i]]
         if f < bar:  # row 0 refuses the candidate: most misses end here
             # (the ghost bookkeeping at the end, written out again: no ghost code to set and
             # no branch to fall through on the commonest path, ~45 instructions a request)
@@ -141,20 +146,20 @@ class SteadyMiss:
         if f:
             b = ((m >> 32) | 1) & mask  # rows 1-3: Kirsch-Mitzenmacher steps, mod the width
             i = (i + b) & mask
-            c = t[i] >> 4
+            c = _HI[t[i]]
             if c >= bar:
                 if c:
                     if c < f:
                         f = c
                     w = self._width
                     i = (i + b) & mask
-                    c = t[i + w] & 15
+                    c = _LO[t[i + w]]
                     if c >= bar:
                         if c:
                             if c < f:
                                 f = c
                             i = (i + b) & mask
-                            c = t[i + w] >> 4
+                            c = _HI[t[i + w]]
                             if c >= bar:
                                 if c < f:
                                     f = c
@@ -231,17 +236,17 @@ class SteadyMiss:
         t, w, mask = self._table, self._width, self._mask
         i = m & mask
         b = ((m >> 32) | 1) & mask
-        vf = t[i] & 15
+        vf = _LO[t[i]]
         i = (i + b) & mask
-        c = t[i] >> 4
+        c = _HI[t[i]]
         if c < vf:
             vf = c
         i = (i + b) & mask
-        c = t[i + w] & 15
+        c = _LO[t[i + w]]
         if c < vf:
             vf = c
         i = (i + b) & mask
-        c = t[i + w] >> 4
+        c = _HI[t[i + w]]
         if c < vf:
             vf = c
         vf += self._pending.get(victim, 0)

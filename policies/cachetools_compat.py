@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import cachetools
 
-from ._wtinylfu_miss import _LOST_TIE, _LOST_WINDOW, _NOKEY, _SAMPLE
+from ._wtinylfu_miss import _HI, _LO, _LOST_TIE, _LOST_WINDOW, _NOKEY, _SAMPLE
 from .tac import TACPolicy
 from .wtinylfu import WTinyLFUPolicy
 
@@ -152,7 +152,7 @@ class _PolicyCache(cachetools.Cache):
         i = m & mask
         t = p._table
         bar = p._bar - pending.get(cand, 0)
-        f = t[i] & 15
+        f = _LO[t[i]]
         if f < bar:  # row 0 refuses the candidate: most misses end here
             del data[cand]
             ticks = p._ticks - 1
@@ -170,20 +170,20 @@ class _PolicyCache(cachetools.Cache):
         if f:
             b = ((m >> 32) | 1) & mask
             i = (i + b) & mask
-            c = t[i] >> 4
+            c = _HI[t[i]]
             if c >= bar:
                 if c:
                     if c < f:
                         f = c
                     w = p._width
                     i = (i + b) & mask
-                    c = t[i + w] & 15
+                    c = _LO[t[i + w]]
                     if c >= bar:
                         if c:
                             if c < f:
                                 f = c
                             i = (i + b) & mask
-                            c = t[i + w] >> 4
+                            c = _HI[t[i + w]]
                             if c >= bar:
                                 if c < f:
                                     f = c
