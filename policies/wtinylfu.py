@@ -262,7 +262,7 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
         return self._add(key, weight)
 
     def insert_many(self, keys: list, ts: float | None = None, *, fresh: bool = False) -> list:
-        """``insert(key, 1, ts)`` for each of ``keys`` in order; all the victims.
+        """``insert(key, 1, ts)`` for each of ``keys`` in order; the keys that left (each once).
 
         A batch read from a lower level. While the batch fits without an eviction -- unit
         weights, none of its keys resident or in a ghost, ``capacity`` not reached -- a miss
@@ -288,6 +288,11 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
                 out = insert(key, 1, ts)
                 if out:
                     lost.extend(out)
+            if lost and not fresh:
+                # A key resident before the batch may leave, come back as a key of the batch
+                # and leave again, or stay: one result per key that is gone, none for a key
+                # still resident (distinct absent keys, as ``fresh`` promises, never do that).
+                lost = [k for k in dict.fromkeys(lost) if k not in self]
             return lost
         pending = self._pending
         i = 0

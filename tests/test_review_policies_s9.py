@@ -109,3 +109,17 @@ def test_slidem_takes_any_int_key():
     for key in (base + 2, base + 1):
         policy.insert(key)
     assert policy.insert(base) == [base + 2]          # the farthest position leaves
+
+
+@pytest.mark.parametrize("batch, resident", [([0, 1, 2], [2]), ([0, 1], [1])])
+def test_wtinylfu_insert_many_names_each_key_that_left_once(batch, resident):
+    # A key resident before the batch was pushed out by a batch key, came back as a key of the
+    # batch, and left again (listed twice: [1, 0, 1]) or stayed (listed although resident),
+    # so a caller deleting what the batch returned failed, or dropped a resident value.
+    policy = get_policy("wtinylfu")(1)
+    policy.insert(1)
+    victims = policy.insert_many(batch)
+    assert sorted(victims) == sorted(set(victims))
+    assert not any(v in policy for v in victims)
+    assert sorted(policy.keys()) == resident
+    assert sorted(victims + resident) == sorted(set(batch) | {1})
