@@ -294,7 +294,15 @@ class FrequencySketch:
         if counts is None:  # repeated keys: one update of their summed count
             m, c = np.unique(m, return_counts=True)
         else:
+            # Checked before anything is counted: a single count broadcast over every key and
+            # the table was written before the length mismatch raised (IndexError), and a
+            # negative count wraps round to a saturated counter, and over a large table also
+            # sets the other counter of its byte to 15.
             c = np.fromiter(counts, np.int64, len(counts))
+            if len(c) != len(m):
+                raise ValueError(f"counts: {len(c)} counts for {len(m)} keys (one each)")
+            if c.min() < 0:
+                raise ValueError(f"counts must not be negative, got {int(c.min())}")
         self._apply(m, c)
 
     def _apply(self, m: np.ndarray, c: np.ndarray) -> None:

@@ -123,3 +123,25 @@ def test_wtinylfu_insert_many_names_each_key_that_left_once(batch, resident):
     assert not any(v in policy for v in victims)
     assert sorted(policy.keys()) == resident
     assert sorted(victims + resident) == sorted(set(batch) | {1})
+
+
+@pytest.mark.parametrize("capacity", [64, 1 << 16])  # the dense and the sparse update
+def test_sketch_counts_must_match_the_keys_and_not_be_negative(capacity):
+    # One count for three hashes was broadcast over all three and written to the table
+    # before an IndexError; a negative count made the key's counters saturate (15), and over
+    # a large table also set the other counter sharing each byte to 15.
+    from mlcache.sketch import FrequencySketch
+
+    sketch = FrequencySketch(capacity, seed=1)
+    sketch.increment_hashes([7], [3])
+    table = bytes(sketch.table)
+    for hashes, counts in (([1, 2, 3], [2]), ([1, 2], [2, 3, 4]), ([12345], [-1]),
+                           ([5, 6], [1, -2])):
+        with pytest.raises(ValueError, match="count"):
+            sketch.increment_hashes(hashes, counts)
+        with pytest.raises(ValueError, match="count"):
+            sketch.increment_mixed([sketch.mix(h) for h in hashes], counts)
+    assert bytes(sketch.table) == table and sketch.additions == 3
+    assert sketch.frequency_of_hash(12345) == 0 and sketch.frequency_of_hash(7) == 3
+    sketch.increment_hashes([1, 2], [0, 2])          # zero counts are fine
+    assert sketch.frequency_of_hash(2) == 2
