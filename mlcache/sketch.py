@@ -163,6 +163,14 @@ class FrequencySketch:
             from .errors import ConfigError
 
             raise ConfigError("sketch.capacity", f"must be a positive integer, got {capacity!r}")
+        if (isinstance(sample_factor, bool) or not isinstance(sample_factor, int)
+                or sample_factor <= 0):
+            # (0 or less halved every counter at every increment; a float made the sample a
+            # float)
+            from .errors import ConfigError
+
+            raise ConfigError("sketch.sample_factor",
+                              f"must be a positive integer, got {sample_factor!r}")
         self._seed = random.getrandbits(62) if seed is None else int(seed)
         self._sample_factor = sample_factor
         self._allocate(capacity)

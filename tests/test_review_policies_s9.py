@@ -145,3 +145,14 @@ def test_sketch_counts_must_match_the_keys_and_not_be_negative(capacity):
     assert sketch.frequency_of_hash(12345) == 0 and sketch.frequency_of_hash(7) == 3
     sketch.increment_hashes([1, 2], [0, 2])          # zero counts are fine
     assert sketch.frequency_of_hash(2) == 2
+
+
+@pytest.mark.parametrize("factor", [0, -1, 1.5, True, "10"])
+def test_sketch_sample_factor_must_be_a_positive_integer(factor):
+    # 0 or less halved every counter at every increment (a sketch that never counts); 1.5 gave
+    # a float sample size. Named like the capacity.
+    from mlcache.errors import ConfigError
+    from mlcache.sketch import FrequencySketch
+
+    with pytest.raises(ConfigError, match="sample_factor"):
+        FrequencySketch(16, sample_factor=factor)
