@@ -127,6 +127,15 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
         if not 0.0 < ghost <= 1.0 or not 0.0 < step < 1.0:
             raise _config_error("policy.wtinylfu", f"ghost must be in (0, 1] and step in (0, 1), "
                                 f"got ghost={ghost!r} step={step!r}")
+        # (named here: the sketch named its own capacity for expected_entries=100.5, and a
+        # str of either was a bare TypeError or int() ValueError from inside the sketch)
+        if expected_entries is not None and (isinstance(expected_entries, bool)
+                                             or not isinstance(expected_entries, int)
+                                             or expected_entries < 0):
+            raise _config_error("policy.wtinylfu.expected_entries",
+                                f"must be a positive integer, got {expected_entries!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise _config_error("policy.wtinylfu.seed", f"must be an integer, got {seed!r}")
         if seed is None:
             seed = _SEED
         self._cold = _Cold()

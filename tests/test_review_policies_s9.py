@@ -156,3 +156,23 @@ def test_sketch_sample_factor_must_be_a_positive_integer(factor):
 
     with pytest.raises(ConfigError, match="sample_factor"):
         FrequencySketch(16, sample_factor=factor)
+
+
+@pytest.mark.parametrize("option, value", [("expected_entries", 100.5), ("expected_entries", "100"),
+                                           ("expected_entries", -5), ("seed", "abc"),
+                                           ("seed", 1.5)])
+def test_wtinylfu_names_a_bad_expected_entries_or_seed(option, value):
+    # expected_entries=100.5 was "sketch.capacity: must be a positive integer", a field the
+    # caller never set; "100" a bare TypeError from a multiplication; -5 was taken as 16;
+    # seed="abc" int()'s ValueError from inside the sketch.
+    from mlcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=option):
+        get_policy("wtinylfu")(1000, **{option: value})
+
+
+def test_wtinylfu_still_takes_its_default_and_integer_options():
+    for options in ({}, {"expected_entries": 0}, {"expected_entries": 64}, {"seed": 7},
+                    {"seed": -3}):
+        policy = get_policy("wtinylfu")(100, **options)
+        assert policy.insert(1) == [] and 1 in policy
