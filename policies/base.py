@@ -66,6 +66,13 @@ class BasePolicy:
     def hint(self, key: Hashable, ts: float) -> None:
         return None
 
+    def __copy__(self) -> "BasePolicy":
+        # A shallow copy shares the tracking dicts but not the counters: an insert into either
+        # copy changed both key sets and one total_weight, and the other then disagreed with
+        # what it held. Deep copies and pickles are whole, as for the cachetools drop-ins.
+        raise TypeError(f"{type(self).__name__} cannot be shallow-copied (copy.deepcopy or "
+                        f"pickle it)")
+
     def keys(self) -> Iterator[Hashable]:  # pragma: no cover - overridden
         return iter(())
 

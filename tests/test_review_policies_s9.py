@@ -176,3 +176,20 @@ def test_wtinylfu_still_takes_its_default_and_integer_options():
                     {"seed": -3}):
         policy = get_policy("wtinylfu")(100, **options)
         assert policy.insert(1) == [] and 1 in policy
+
+
+@pytest.mark.parametrize("name", GENERAL + ["tac"])
+def test_a_policy_is_deep_copied_or_refused_never_shallow(name):
+    # copy.copy shared the policy's dicts but not its total: an insert into the copy left the
+    # original with 4 keys and a total_weight of 5.
+    import copy
+    import pickle
+
+    policy = _filled(name, capacity=5, n=5)
+    with pytest.raises(TypeError, match="copy"):
+        copy.copy(policy)
+    for twin in (copy.deepcopy(policy), pickle.loads(pickle.dumps(policy))):
+        twin.insert("new", 2)
+        assert policy.total_weight == len(policy) == 5 and "new" not in policy
+        assert twin.total_weight <= 5
+        assert "new" in twin or name == "slidem"     # (SlideM evicts the newest position)
