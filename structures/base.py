@@ -20,12 +20,13 @@ instance was the obvious alternative but would force the pickle fallback on ever
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import uuid
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from mlcache.levels.heap import _SAMPLE, _alloc, estimate_size
 
@@ -39,6 +40,7 @@ _INT_WEIGHT = estimate_size(1 << 20)   # any int past the small ones and under 2
 _ONE_DIGIT = 1 << 30
 
 S = TypeVar("S", bound="Cacheable")
+F = TypeVar("F", bound=Callable[..., Any])
 
 # manager -> {(kind, name): live structure}; weak on both sides so neither keeps the other.
 _LIVE: "weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary]" = weakref.WeakKeyDictionary()
@@ -92,6 +94,15 @@ def _check_name(name: Any) -> str:
     return name
 
 
+def locked(method: F) -> F:
+    """``method`` run holding the structure's lock (reentrant: a locked method may call another)."""
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return cast(F, run)
+
+
 class Cacheable:
     """Base of the cacheable structures.
 
@@ -112,9 +123,11 @@ class Cacheable:
     _meta_counts: ClassVar[tuple[str, ...]] = ()
     # ``_ver`` counts changes made through this object (live objects are one per structure and
     # manager), so an iterator can tell that the structure changed under it, as list's and
-    # dict's iterators do.
+    # dict's iterators do. ``_lock`` makes each operation of the dict, list and set one step, as
+    # the GIL makes a builtin's: an operation reads the metadata, then entries, then writes both,
+    # and two threads interleaving those steps lost appends and counted a key twice.
     __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "_ver", "_put_weighed",
-                 "_meta_w", "__weakref__")
+                 "_meta_w", "_lock", "__weakref__")
     # the slots' types, for mypy (annotations only: the slots are the storage)
     _manager: Any
     _name: str
@@ -122,6 +135,7 @@ class Cacheable:
     _metans: Any
     _meta: dict[str, Any]
     _ver: int
+    _lock: Any   # a threading.RLock
     # the manager's ``_put_items`` when entries go to a heap bounded in bytes with weights
     # worked out here, else None (see :func:`weighed_puts`)
     _put_weighed: Callable[..., None] | None
@@ -160,6 +174,7 @@ class Cacheable:
             obj._metans = metans
             obj._ver = 0
             obj._meta_w = None
+            obj._lock = threading.RLock()
             obj._attach()
             ns_name = f"{cls.kind}:{name}"
             obj._ns = (manager.namespace(ns_name) if cls._memo_keys
@@ -247,6 +262,7 @@ class Cacheable:
 
     # -- lifetime ----------------------------------------------------------------------------
 
+    @locked
     def drop(self) -> None:
         """Delete the contents and the metadata, freeing the storage. The object stays usable
         as an empty structure with the same options; its metadata is written again on the

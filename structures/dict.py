@@ -44,7 +44,7 @@ from typing import Any
 
 from mlcache.levels.heap import estimate_size
 
-from .base import _MISSING, Cacheable
+from .base import _MISSING, Cacheable, locked
 
 __all__ = ["CacheableDict"]
 
@@ -204,6 +204,7 @@ class CacheableDict(Cacheable, MutableMapping):
         out.extend(self._meta["tail"])
         return out
 
+    @locked
     def _ordered_keys(self) -> list[Any]:
         """The keys in insertion order. A slot is dead when its key was deleted (and perhaps
         inserted again, at a later slot): with no dead slot the log *is* the order; else the
@@ -284,13 +285,15 @@ class CacheableDict(Cacheable, MutableMapping):
     def __setitem__(self, key: Any, value: Any) -> None:
         key = _write_key(key)
         stored = self._store(value)
-        is_new = not self._ns.contains(key)
-        self._ns.put(key, stored)
-        if is_new:
-            self._added([key])
-        else:
-            self._ver += 1
+        with self._lock:
+            is_new = not self._ns.contains(key)
+            self._ns.put(key, stored)
+            if is_new:
+                self._added([key])
+            else:
+                self._ver += 1
 
+    @locked
     def __delitem__(self, key: Any) -> None:
         k = _key(key)
         if k is _BAD or not self._ns.contains(k):
@@ -320,6 +323,7 @@ class CacheableDict(Cacheable, MutableMapping):
         value = self._ns.get(k, _MISSING)
         return default if value is _MISSING else self._load(value)
 
+    @locked
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
         k = _key(key)
         value = self._ns.get(k, _MISSING) if k is not _BAD else _MISSING
@@ -331,6 +335,7 @@ class CacheableDict(Cacheable, MutableMapping):
         self._removed()
         return self._load(value)
 
+    @locked
     def popitem(self) -> tuple[Any, Any]:
         """Remove and return the last inserted item (LIFO), as dict does."""
         if not self._meta["len"]:
@@ -370,6 +375,7 @@ class CacheableDict(Cacheable, MutableMapping):
         self._meta["order"] -= 1
         return tail.pop()
 
+    @locked
     def setdefault(self, key: Any, default: Any = None) -> Any:
         key = _write_key(key)
         value = self._ns.get(key, _MISSING)
@@ -410,6 +416,7 @@ class CacheableDict(Cacheable, MutableMapping):
         finally:
             self._put_items(items)
 
+    @locked
     def _put_items(self, items: dict[Any, Any]) -> None:
         if not items:
             return
@@ -422,6 +429,7 @@ class CacheableDict(Cacheable, MutableMapping):
         else:
             self._ver += 1
 
+    @locked
     def clear(self) -> None:
         keys = list(self._ns.keys())
         if keys:
@@ -429,10 +437,12 @@ class CacheableDict(Cacheable, MutableMapping):
         if self._meta["len"]:
             self._removed(self._meta["len"])
 
+    @locked
     def drop(self) -> None:
         self._drop_log()
         super().drop()
 
+    @locked
     def copy(self) -> dict[Any, Any]:
         """A plain ``dict`` with the current items in insertion order (nested structures stay
         structures)."""

@@ -24,7 +24,7 @@ from typing import Any, SupportsIndex
 
 from mlcache.levels.heap import _SAMPLE, estimate_size
 
-from .base import Cacheable, list_shell
+from .base import Cacheable, list_shell, locked
 
 __all__ = ["CacheableList", "DEFAULT_CHUNK_SIZE"]
 
@@ -251,6 +251,10 @@ class CacheableList(Cacheable, MutableSequence):
         return int(self._meta["len"])
 
     def __getitem__(self, i: Any) -> Any:
+        with self._lock:
+            return self._get(i)
+
+    def _get(self, i: Any) -> Any:
         if isinstance(i, slice):
             start, stop, step = i.indices(self._meta["len"])
             if step == 1:
@@ -267,6 +271,7 @@ class CacheableList(Cacheable, MutableSequence):
         cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
         return self._load(self._ns.get(cid)[off])
 
+    @locked
     def __setitem__(self, i: Any, value: Any) -> None:
         if isinstance(i, slice):
             self._set_slice(i, value)
@@ -304,6 +309,7 @@ class CacheableList(Cacheable, MutableSequence):
             span[j - lo] = v
         self._write(self._meta["head"] + lo, span)
 
+    @locked
     def __delitem__(self, i: Any) -> None:
         n = self._meta["len"]
         if isinstance(i, slice):
@@ -337,6 +343,7 @@ class CacheableList(Cacheable, MutableSequence):
         else:
             self._replace_from(lo, self._read(hi, n))
 
+    @locked
     def insert(self, index: SupportsIndex, value: Any) -> None:
         n = self._meta["len"]
         i = operator.index(index)
@@ -357,6 +364,10 @@ class CacheableList(Cacheable, MutableSequence):
             self._replace_from(i, [stored] + self._read(i, n))
 
     def append(self, value: Any) -> None:
+        with self._lock:
+            self._append(value)
+
+    def _append(self, value: Any) -> None:
         head, n, c = self._meta["head"], self._meta["len"], self._meta["chunk"]
         cid, off = divmod(head + n, c)
         chunk = self._ns.get(cid) if off else None
@@ -376,13 +387,15 @@ class CacheableList(Cacheable, MutableSequence):
         finally:
             # list.extend keeps the elements taken before an error in the iterable
             if items:
-                self._write(self._meta["head"] + self._meta["len"], items)
-                self._add_len(len(items))
+                with self._lock:
+                    self._write(self._meta["head"] + self._meta["len"], items)
+                    self._add_len(len(items))
 
     def appendleft(self, value: Any) -> None:
         """``insert(0, value)``: O(1), moves ``head`` back."""
         self.insert(0, value)
 
+    @locked
     def pop(self, i: SupportsIndex = -1) -> Any:
         n = self._meta["len"]
         if n == 0:
@@ -394,12 +407,14 @@ class CacheableList(Cacheable, MutableSequence):
         self._delete_run(j, j + 1)
         return value
 
+    @locked
     def popleft(self) -> Any:
         """``pop(0)`` without shifting: advances ``head``; O(1)."""
         if self._meta["len"] == 0:
             raise IndexError("pop from empty list")
         return self._load(self._popleft())
 
+    @locked
     def clear(self) -> None:
         self._truncate(0)
 
@@ -410,9 +425,14 @@ class CacheableList(Cacheable, MutableSequence):
         # current position.
         step = self._meta["chunk"] * _BATCH_CHUNKS
         i = 0
-        while i < self._meta["len"]:
-            ver = self._ver
-            for v in self._read(i, min(self._meta["len"], i + step)):
+        while True:
+            with self._lock:
+                n = self._meta["len"]
+                if i >= n:
+                    return
+                ver = self._ver
+                batch = self._read(i, min(n, i + step))
+            for v in batch:
                 i += 1
                 yield self._load(v)
                 if self._ver != ver:
@@ -423,9 +443,13 @@ class CacheableList(Cacheable, MutableSequence):
         # below it.
         step = self._meta["chunk"] * _BATCH_CHUNKS
         i = self._meta["len"] - 1
-        while 0 <= i < self._meta["len"]:
-            ver = self._ver
-            for v in reversed(self._read(max(0, i + 1 - step), i + 1)):
+        while True:
+            with self._lock:
+                if not 0 <= i < self._meta["len"]:
+                    return
+                ver = self._ver
+                batch = self._read(max(0, i + 1 - step), i + 1)
+            for v in reversed(batch):
                 i -= 1
                 yield self._load(v)
                 if self._ver != ver:
@@ -434,6 +458,7 @@ class CacheableList(Cacheable, MutableSequence):
     def __contains__(self, value: object) -> bool:
         return any(v is value or v == value for v in self)
 
+    @locked
     def index(self, value: Any, start: SupportsIndex = 0, stop: SupportsIndex = _MAXSIZE) -> int:
         n = self._meta["len"]
         lo, hi, _ = slice(_slice_index(start), _slice_index(stop)).indices(n)
@@ -445,6 +470,7 @@ class CacheableList(Cacheable, MutableSequence):
     def count(self, value: Any) -> int:
         return sum(1 for v in self if v is value or v == value)
 
+    @locked
     def remove(self, value: Any) -> None:
         for j, v in enumerate(self):
             if v is value or v == value:
@@ -452,11 +478,13 @@ class CacheableList(Cacheable, MutableSequence):
                 return
         raise ValueError("list.remove(x): x not in list")
 
+    @locked
     def reverse(self) -> None:
         items = self._read(0, self._meta["len"])
         items.reverse()
         self._write(self._meta["head"], items)
 
+    @locked
     def sort(self, *args: Any, key: Any = None, reverse: bool = False) -> None:
         if args:
             raise TypeError("sort() takes no positional arguments")
@@ -470,6 +498,7 @@ class CacheableList(Cacheable, MutableSequence):
             raise ValueError("list modified during sort")
         self._write(self._meta["head"], [self._store(v) for v in items])
 
+    @locked
     def copy(self) -> list[Any]:
         """A plain ``list`` with the current elements."""
         return [self._load(v) for v in self._read(0, self._meta["len"])]
@@ -531,6 +560,7 @@ class CacheableList(Cacheable, MutableSequence):
 
     __rmul__ = __mul__
 
+    @locked
     def __imul__(self, k: SupportsIndex) -> "CacheableList":
         if not hasattr(type(k), "__index__"):
             raise TypeError(f"can't multiply sequence by non-int of type '{type(k).__name__}'")

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, MutableSet
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from .base import Cacheable
+from .base import Cacheable, locked
 from .dict import _BAD, _key, _write_key
 
 __all__ = ["CacheableSet"]
@@ -75,10 +75,12 @@ class CacheableSet(Cacheable, MutableSet):
 
     def add(self, elem: Any) -> None:
         elem = _write_key(elem)
-        if not self._ns.contains(elem):
-            self._ns.put(elem, _PRESENT)
-            self._add_len(1)
+        with self._lock:
+            if not self._ns.contains(elem):
+                self._ns.put(elem, _PRESENT)
+                self._add_len(1)
 
+    @locked
     def discard(self, elem: Any) -> None:
         k = _lookup(elem)
         if k is not _BAD and self._ns.contains(k):
@@ -87,6 +89,7 @@ class CacheableSet(Cacheable, MutableSet):
 
     # -- set API -----------------------------------------------------------------------------
 
+    @locked
     def remove(self, elem: Any) -> None:
         k = _lookup(elem)
         if k is _BAD or not self._ns.contains(k):
@@ -94,12 +97,14 @@ class CacheableSet(Cacheable, MutableSet):
         self._ns.delete(k)
         self._add_len(-1)
 
+    @locked
     def pop(self) -> Any:
         for elem in self._ns.keys():
             self.remove(elem)
             return elem
         raise KeyError("pop from an empty set")
 
+    @locked
     def clear(self) -> None:
         keys = list(self._ns.keys())
         if keys:
@@ -109,6 +114,7 @@ class CacheableSet(Cacheable, MutableSet):
             self._meta["len"] = 0
             self._save_meta()
 
+    @locked
     def _add_many(self, new: dict[Any, None]) -> None:
         if not new:
             return
@@ -119,6 +125,7 @@ class CacheableSet(Cacheable, MutableSet):
             self._ns.put_many([(k, _PRESENT) for k in added])
             self._add_len(len(added))
 
+    @locked
     def _discard_many(self, gone: dict[Any, None]) -> None:
         if not gone:
             return
@@ -153,11 +160,13 @@ class CacheableSet(Cacheable, MutableSet):
         finally:
             self._discard_many(gone)
 
+    @locked
     def intersection_update(self, *others: Iterable[Any]) -> None:
         keep = self.copy().intersection(*others)
         if len(keep) != len(self):
             self._discard_many(dict.fromkeys(self.copy() - keep))
 
+    @locked
     def symmetric_difference_update(self, *args: Iterable[Any]) -> None:
         if len(args) != 1:
             raise TypeError("set.symmetric_difference_update() takes exactly one argument "
