@@ -122,6 +122,10 @@ def register_policy(name: str, cls: type | None = None) -> Any:
         if not isinstance(c, type):
             raise _config_error("policy", f"policy {name!r} must be a class, got {c!r}")
         missing = [m for m in _REQUIRED_METHODS if not callable(getattr(c, m, None))]
+        # the protocol's name (the manager reads it: a class without one was accepted here,
+        # then CacheManager(...) failed with AttributeError 'name')
+        if not isinstance(getattr(c, "name", None), str):
+            missing.append("name (a str class attribute)")
         if missing:
             raise _config_error("policy", f"policy {name!r} ({c.__qualname__}) does not implement "
                                           f"the Policy protocol: no {', '.join(missing)}")

@@ -193,3 +193,54 @@ def test_a_policy_is_deep_copied_or_refused_never_shallow(name):
         assert policy.total_weight == len(policy) == 5 and "new" not in policy
         assert twin.total_weight <= 5
         assert "new" in twin or name == "slidem"     # (SlideM evicts the newest position)
+
+
+def test_register_policy_requires_the_protocols_name(tmp_path):
+    # A class with every method register_policy asked for but no `name` was registered, and
+    # the manager then failed to build (AttributeError: no attribute 'name').
+    from collections import OrderedDict
+
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+    from mlcache.errors import ConfigError
+    from mlcache.policies import register_policy
+
+    class Fifo:
+        def __init__(self, capacity, **options):
+            self.capacity, self.total_weight, self._order = capacity, 0, OrderedDict()
+
+        def __len__(self):
+            return len(self._order)
+
+        def __contains__(self, key):
+            return key in self._order
+
+        def insert(self, key, weight=1, ts=None):
+            self.total_weight += weight - self._order.pop(key, 0)
+            self._order[key] = weight
+            return self.resize(self.capacity)
+
+        def access(self, key, ts=None):
+            pass
+
+        def remove(self, key):
+            self.total_weight -= self._order.pop(key, 0)
+
+        def resize(self, capacity):
+            self.capacity, victims = capacity, []
+            while self.total_weight > capacity:
+                key, weight = self._order.popitem(last=False)
+                self.total_weight -= weight
+                victims.append(key)
+            return victims
+
+    with pytest.raises(ConfigError, match="name"):
+        register_policy("fifo-s9-nameless", Fifo)
+    Fifo.name = "fifo-s9"
+    register_policy("fifo-s9", Fifo)
+    config = CacheConfig(heap=HeapConfig(policy="fifo-s9", max_entries=10, max_bytes=None),
+                         levels=(DiskConfig(path=str(tmp_path / "d")),))
+    with CacheManager(config) as cache:
+        for i in range(50):
+            cache.put(i, i * i)
+        assert cache.get(3) == 9
+        assert cache.stats()["levels"]["heap"]["policy"] == "fifo-s9"
