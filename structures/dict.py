@@ -42,6 +42,7 @@ from collections.abc import (
 from types import MappingProxyType
 from typing import Any
 
+from mlcache.keys import check_key
 from mlcache.levels.heap import estimate_size
 
 from .base import _MISSING, Cacheable, locked
@@ -85,10 +86,14 @@ def _key(key: Any) -> Any:
 
 
 def _write_key(key: Any) -> Any:
-    """``_key`` for a write: a key no stored key can stand for goes to the manager as it is,
-    which raises its ``TypeError`` naming the type."""
+    """``_key`` for a write; a key no stored key can stand for raises the manager's
+    ``TypeError`` naming the type here, before the write (so ``update`` keeps the items before
+    it, as a dict does: handed on, it failed the batch's lookup and no item was stored)."""
     k = _key(key)
-    return key if k is _BAD else k
+    if k is _BAD:
+        check_key(key)
+        return key
+    return k
 
 
 def _readable(key: Any) -> bool:

@@ -75,3 +75,23 @@ def test_two_threads_on_the_same_keys_keep_the_count(manager, fast_switching):
     _run(2, work)
     assert len(d) == len(d.copy()) == len(list(d))
     assert len(s) == len(s.copy())
+
+
+def test_update_keeps_the_items_before_an_unsupported_key(manager):
+    # Regression: update collected the items and stored them in one batch; a key the levels
+    # cannot store (None, 1.5) failed the batch's lookup, so none of the items before it was
+    # stored, while a dict keeps them (and the docstrings said so).
+    d = manager.dict("d-upd")
+    with pytest.raises(TypeError, match="NoneType"):
+        d.update([("a", 1), (None, 2), ("b", 3)])
+    assert d == {"a": 1} and len(d) == 1
+    with pytest.raises(TypeError, match="float"):
+        d.update({"c": 3, 1.5: 0})
+    assert d == {"a": 1, "c": 3} and list(d) == ["a", "c"]
+    s = manager.set("s-upd")
+    with pytest.raises(TypeError, match="NoneType"):
+        s.update([300, None, 301])
+    assert s == {300} and len(s) == 1
+    with pytest.raises(TypeError, match="NoneType"):
+        s |= {None}
+    assert s == {300}
