@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mlcache.policies import get_policy
 
@@ -244,3 +246,86 @@ def test_register_policy_requires_the_protocols_name(tmp_path):
             cache.put(i, i * i)
         assert cache.get(3) == 9
         assert cache.stats()["levels"]["heap"]["policy"] == "fifo-s9"
+
+
+_KEY = st.one_of(st.integers(0, 25), st.sampled_from([None, "a", b"ns\x1fk", (1, 2)]))
+_OP = st.one_of(
+    st.tuples(st.just("insert"), _KEY, st.sampled_from([1, 1, 1, 0, 2, 3, 0.5, "cap", "over"])),
+    st.tuples(st.just("access"), _KEY, st.just(0)),
+    st.tuples(st.just("remove"), _KEY, st.just(0)),
+    st.tuples(st.just("resize"), st.just(0), st.integers(1, 30)),
+    st.tuples(st.just("many"), st.lists(_KEY, max_size=6), st.just(0)))
+
+
+@pytest.mark.parametrize("name", GENERAL)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_OP, max_size=150), capacity=st.integers(1, 20))
+def test_random_operations_against_a_model(name, ops, capacity):
+    """Unit and heavy weights mixed, re-inserts with other weights, None and odd keys, resizes,
+    batches: after every step the policy holds exactly the model's keys and weights, within
+    its capacity; every victim was resident and is gone; LRU evicts in the reference order."""
+    from collections import OrderedDict
+
+    policy = get_policy(name)(capacity)
+    model: dict = {}
+    lru: OrderedDict = OrderedDict()   # the reference LRU order (checked for "lru")
+
+    def take(victims, before, allowed=()):
+        assert len(victims) == len(set(victims)), victims
+        for v in victims:
+            assert v in before or v in allowed, f"victim {v!r} was not resident"
+            assert v not in policy
+            model.pop(v, None)
+            lru.pop(v, None)
+
+    for op, key, arg in ops:
+        before = dict(model)
+        if op == "insert":
+            weight = {"cap": policy.capacity, "over": policy.capacity + 1}.get(arg, arg)
+            victims = policy.insert(key, weight)
+            if weight <= policy.capacity:
+                model[key] = weight
+                lru[key] = weight
+                lru.move_to_end(key)
+            if name == "lru":
+                expected, total = [], sum(lru.values())
+                while total > policy.capacity:
+                    k, w = lru.popitem(last=False)
+                    total -= w
+                    expected.append(k)
+                if weight > policy.capacity:
+                    expected = [key]
+                assert victims == expected
+            take(victims, before, allowed=(key,))
+        elif op == "access":
+            policy.access(key)
+            if key in lru:
+                lru.move_to_end(key)
+        elif op == "remove":
+            policy.remove(key)
+            model.pop(key, None)
+            lru.pop(key, None)
+        elif op == "resize":
+            victims = policy.resize(arg)
+            if name == "lru":
+                expected, total = [], sum(lru.values())
+                while total > arg:
+                    k, w = next(iter(lru.items()))
+                    total -= w
+                    expected.append(k)
+                    del lru[k]
+                assert victims == expected
+            take(victims, before)
+        elif name == "wtinylfu":   # a batch: insert(k, 1) each, the keys that left once
+            keys = list(dict.fromkeys(key))
+            victims = policy.insert_many(keys)
+            for k in keys:
+                model[k] = 1
+            take(victims, before, allowed=keys)
+        assert len(policy) == len(model)
+        assert all(k in policy for k in model)
+        assert math.isclose(policy.total_weight, sum(model.values()))
+        assert policy.total_weight <= policy.capacity
+        if name == "wtinylfu" and model:
+            assert policy.next_victim() in model
+            assert all(policy.weight(k) == w for k, w in model.items())
