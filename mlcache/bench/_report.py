@@ -3,11 +3,18 @@
 Each benchmark builds a :class:`BenchReport`, adds result rows and goals, prints a table and,
 with ``--json PATH``, writes ``{"benchmark", "machine", "date", "quick", "results", "goals"}``.
 A goal stores its measured value, comparison and target; the reader recomputes met/not met.
+A goal that could not be measured (a dependency or an input missing) is still listed, with
+``"value": null`` and ``"unmeasured"`` saying why: it counts as not met (:func:`goal_met`).
+
+The ``*_arg`` helpers are argparse types for the benchmarks' own options, so a bad value is
+refused with argparse's one-line error before anything runs.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import time
@@ -16,7 +23,8 @@ from typing import Any
 
 from .._files import replace_atomically
 
-__all__ = ["BenchReport", "machine_description", "Timer"]
+__all__ = ["BenchReport", "machine_description", "Timer", "goal_met", "int_arg",
+           "nonnegative_float_arg"]
 
 _OPS = {
     "<=": lambda v, t: v <= t,
@@ -25,6 +33,38 @@ _OPS = {
     ">": lambda v, t: v > t,
     "==": lambda v, t: v == t,
 }
+
+
+def goal_met(goal: dict[str, Any]) -> bool:
+    """Whether a stored goal is met; one that was not measured (``value`` None) is not."""
+    value = goal.get("value")
+    if value is None:
+        return False
+    return bool(_OPS[goal["op"]](float(value), float(goal["target"])))
+
+
+def int_arg(minimum: int) -> Any:
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        return n
+    return parse
+
+
+def nonnegative_float_arg(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return x
 
 
 def machine_description() -> str:
@@ -70,6 +110,15 @@ class BenchReport:
         self.goals.append({"name": name, "value": round(value, 6), "op": op, "target": target})
         return _OPS[op](value, target)
 
+    def unmeasured(self, name: str, op: str, target: float, why: str) -> bool:
+        """A goal that could not be measured in this run: listed with ``value`` None and the
+        reason, and not met (never left out, so a report cannot look complete without it)."""
+        if op not in _OPS:
+            raise ValueError(f"unknown comparison {op!r}")
+        self.goals.append({"name": name, "value": None, "op": op, "target": target,
+                           "unmeasured": why})
+        return False
+
     def note(self, text: str) -> None:
         self.notes.append(text)
 
@@ -101,7 +150,11 @@ class BenchReport:
             lines.append("")
             lines.append("goals:")
             for g in self.goals:
-                met = _OPS[g["op"]](g["value"], g["target"])
+                if g.get("value") is None:
+                    lines.append(f"  [NOT MEASURED] {g['name']} ({g['op']} {g['target']}): "
+                                 f"{g.get('unmeasured', 'no value')}")
+                    continue
+                met = goal_met(g)
                 lines.append(f"  [{'met' if met else 'NOT MET'}] {g['name']}: "
                              f"{_fmt(g['value'])} {g['op']} {g['target']}")
         for n in self.notes:

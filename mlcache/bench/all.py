@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ._report import _OPS, BenchReport, _fmt, machine_description, write_json_atomic
+from ._report import BenchReport, _fmt, goal_met, machine_description, write_json_atomic
 
 __all__ = ["run", "available_benchmarks", "render_report", "plot_report", "main"]
 
@@ -157,7 +157,7 @@ def _load_raw(src: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 # -- the page -------------------------------------------------------------------------------------
 
 def _met(goal: dict[str, Any]) -> bool:
-    return bool(_OPS[goal["op"]](float(goal["value"]), float(goal["target"])))
+    return goal_met(goal)
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -250,6 +250,11 @@ def render_report(src: Path, page: Path) -> Path:
         if goals:
             lines += ["| goal | measured | target | |", "|---|---|---|---|"]
             for g in goals:
+                if g.get("value") is None:
+                    lines.append(f"| {_cell(g['name'])} | not measured: "
+                                 f"{_cell(g.get('unmeasured', ''))} | {g['op']} "
+                                 f"{_cell(g['target'])} | **not measured** |")
+                    continue
                 lines.append(f"| {_cell(g['name'])} | {_cell(g['value'])} | {g['op']} "
                              f"{_cell(g['target'])} | {'met' if _met(g) else '**not met**'} |")
             lines.append("")
@@ -299,7 +304,9 @@ def _margin(goal: dict[str, Any]) -> float:
     """How far a goal is from its target, clipped to [-1, 1]: > 0 met with room, < 0 missed,
     0 exactly on target. Relative to the target; a goal whose target is 0 (a difference such as
     "hit% minus theine's hit% >= 0") is shown in its own units, so a miss by 0.07 points draws a
-    short bar, not a full one."""
+    short bar, not a full one. A goal not measured (or measured as NaN) is a full miss."""
+    if goal.get("value") is None or not math.isfinite(float(goal["value"])):
+        return -1.0
     v, t, op = float(goal["value"]), float(goal["target"]), goal["op"]
     scale = abs(t) if abs(t) > 1e-12 else 1.0
     if op in (">=", ">"):
@@ -338,7 +345,8 @@ def plot_report(data: dict[str, Any], path: Path) -> bool:
         ax.barh(range(len(goals)), margins, color=colors)
         ax.scatter(margins, range(len(goals)), color=colors, s=12, zorder=3)
         for y, (g, m) in enumerate(zip(goals, margins)):
-            ax.text(0.02 if m < 0 else -0.02, y, f"{float(g['value']):.3g} {g['op']} "
+            value = "n/a" if g.get("value") is None else f"{float(g['value']):.3g}"
+            ax.text(0.02 if m < 0 else -0.02, y, f"{value} {g['op']} "
                     f"{float(g['target']):.3g}", fontsize=6, va="center",
                     ha="left" if m < 0 else "right")
         ax.axvline(0.0, color="black", linewidth=0.8)

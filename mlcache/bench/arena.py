@@ -56,7 +56,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any, Callable
 
-from ._report import BenchReport
+from ._report import BenchReport, int_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -66,7 +66,7 @@ POOL = 8 * MiB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--churn-mib", type=int, default=None,
+    parser.add_argument("--churn-mib", type=int_arg(1), default=None,
                         help="arena bound for the churn experiment (default 256, quick 64)")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mlcache.bench._report import BenchReport
+from mlcache.bench._report import BenchReport, int_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -35,10 +35,11 @@ _CHUNK = 2000   # updates per turn when two variants alternate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--intervals", type=int, default=None, help="commit intervals (default 3)")
-    parser.add_argument("--updates", type=int, default=None,
+    parser.add_argument("--intervals", type=int_arg(1), default=None,
+                        help="commit intervals (default 3, quick 2)")
+    parser.add_argument("--updates", type=int_arg(1), default=None,
                         help="updates per interval (default 100000, quick 20000)")
-    parser.add_argument("--keys", type=int, default=None,
+    parser.add_argument("--keys", type=int_arg(1), default=None,
                         help="keys in the Zipf universe (default 10000, quick 2000)")
 
 

@@ -39,7 +39,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ._report import BenchReport
+from ._report import BenchReport, int_arg
 
 __all__ = ["Burst", "Event", "EventDetector", "synthetic_stream", "match_planted",
            "add_arguments", "run"]
@@ -278,13 +278,26 @@ def match_planted(events: list[tuple], planted: list[Burst]) -> list[Burst]:
 # -- the benchmark ---------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--intervals", type=int, help="number of intervals (default 40, quick 16)")
-    parser.add_argument("--posts", type=int, help="background posts per interval "
-                                                   "(default 8000, quick 2500)")
+    # planted bursts start after the history and last up to 5 intervals: 13 at least
+    parser.add_argument("--intervals", type=int_arg(13),
+                        help="number of intervals, 13 or more (default 40, quick 16)")
+    parser.add_argument("--posts", type=int_arg(1), help="background posts per interval "
+                                                          "(default 8000, quick 2500)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--policy", default="lru", help="heap policy of the bounded variants")
-    parser.add_argument("--repeat", type=int, help="timed runs per variant, best kept "
-                                                   "(default 5, quick 2)")
+    parser.add_argument("--policy", default="lru", type=_policy,
+                        help="heap policy of the bounded variants")
+    parser.add_argument("--repeat", type=int_arg(1), help="timed runs per variant, best kept "
+                                                           "(default 5, quick 2)")
+
+
+def _policy(name: str) -> str:
+    """A registered policy name (checked before the run, not at the first bounded variant)."""
+    from mlcache.policies.base import available_policies
+
+    if name not in available_policies():
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {name!r} (registered: {', '.join(available_policies())})")
+    return name
 
 
 def _detect(stream: list[list[tuple]], new_tree: Callable[[int], Any], history: int,

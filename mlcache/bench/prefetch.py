@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import CacheConfig, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
 from ._delayed import Delay, DelayedLevelConfig
-from ._report import BenchReport
+from ._report import BenchReport, int_arg, nonnegative_float_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -61,13 +61,22 @@ ASYNC_CAPACITY = 64
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("ysb", "nexmark", "both"), default="both")
-    parser.add_argument("--backend-delay-ms", type=float, default=0.0,
+    parser.add_argument("--backend-delay-ms", type=nonnegative_float_arg, default=0.0,
                         help="sleep before every batched read of the nexmark disk level")
-    parser.add_argument("--hot-threshold", type=int, default=None,
-                        help="hot-key filter threshold for keyed+tac (default: the config's)")
+    parser.add_argument("--hot-threshold", type=_hot_threshold, default=None,
+                        help="hot-key filter threshold for keyed+tac, 0..16 (default: the "
+                             "config's)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--rounds", type=int, default=None,
+    parser.add_argument("--rounds", type=int_arg(1), default=None,
                         help="interleaved rounds per variant (default 3, 2 with --quick)")
+
+
+def _hot_threshold(text: str) -> int:
+    """0..16, what PrefetchConfig accepts (checked here, before any workload is built)."""
+    n = int_arg(0)(text)
+    if n > 16:
+        raise argparse.ArgumentTypeError(f"must be at most 16, got {n}")
+    return n
 
 
 # -- workloads ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from mlcache.bench._report import BenchReport
+from mlcache.bench._report import BenchReport, int_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -27,8 +27,9 @@ SYMBOLS = 500
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block-size", type=int, default=65536, help="Table 1 block size (bytes)")
-    parser.add_argument("--window-blocks", type=int, default=None,
+    parser.add_argument("--block-size", type=int_arg(64), default=65536,
+                        help="Table 1 block size (bytes, 64 or more)")
+    parser.add_argument("--window-blocks", type=int_arg(2), default=None,
                         help="Table 1 window length in blocks (default 256, quick 200)")
 
 

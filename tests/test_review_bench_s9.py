@@ -1,0 +1,98 @@
+"""Session 9 review of the benchmark harness (mlcache/bench): regression tests.
+
+None of these time anything: they check what is measured and how it is reported.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from mlcache.bench import all as bench_all
+from mlcache.bench._report import BenchReport, goal_met
+
+
+# -- a goal that cannot be measured is listed, not met ---------------------------------------
+
+def test_unmeasured_goal_is_listed_and_not_met(tmp_path):
+    report = BenchReport("example")
+    report.goal("measured", 2.0, ">=", 1.0)
+    assert report.unmeasured("needs theine", ">=", 2.5, "theine is not installed") is False
+    data = json.loads(json.dumps(report.to_dict()))
+    assert [g["name"] for g in data["goals"]] == ["measured", "needs theine"]
+    missing = data["goals"][1]
+    assert missing["value"] is None and missing["target"] == 2.5
+    assert missing["unmeasured"] == "theine is not installed"
+    assert [goal_met(g) for g in data["goals"]] == [True, False]
+    assert "[NOT MEASURED] needs theine (>= 2.5): theine is not installed" in report.format()
+    assert bench_all._margin(missing) == -1.0
+    # a NaN value is a miss in the plot too (it was drawn as a full 'met' bar)
+    assert bench_all._margin({"value": float("nan"), "op": ">=", "target": 1.0}) == -1.0
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "_run.json").write_text(json.dumps({"date": "d", "machine": "m", "quick": True,
+                                               "benchmarks": ["example"], "failures": {}}))
+    (raw / "example.json").write_text(json.dumps(data))
+    page = bench_all.render_report(tmp_path, tmp_path / "report.md").read_text()
+    assert "| 1 / 2 |" in page
+    assert "not measured: theine is not installed" in page
+
+
+def test_policies_lists_goals_of_missing_traces_and_theine_as_unmeasured():
+    """A trace file or theine missing used to drop those goals from the report silently, so a
+    run without them could show every listed goal met."""
+    from mlcache.bench import policies
+
+    row = {"mlcache.TinyLFUCache": 47.0, "cachetools.LRUCache": 40.0, "theine.Cache": 46.0}
+    best = {"mlcache.TinyLFUCache": 3.0, "cachetools.LRUCache": 2.0, "theine.Cache": 1.0}
+    full = BenchReport("policies")
+    policies._goals(full, {name: row for name, *_ in policies._TRACES} | {"zipf": row},
+                    best, "/traces")
+    names = [g["name"] for g in full.goals]
+    assert all(g["value"] is not None for g in full.goals)
+
+    partial = BenchReport("policies")
+    no_theine = {k: v for k, v in best.items() if k != "theine.Cache"}
+    policies._goals(partial, {"zipf": row}, no_theine, "/nowhere")
+    assert [g["name"] for g in partial.goals] == names       # the same goals, in order
+    by_name = {g["name"]: g for g in partial.goals}
+    assert by_name["oltp: wtinylfu hit%"]["value"] is None
+    assert "oltp not found in /nowhere" in by_name["oltp: wtinylfu hit%"]["unmeasured"]
+    assert by_name["zipf: wtinylfu hit% - theine hit%"]["value"] is None
+    assert "theine" in by_name["zipf throughput TinyLFUCache / theine"]["unmeasured"]
+    assert by_name["zipf: wtinylfu hit%"]["value"] == 47.0
+    assert not any(goal_met(g) for g in partial.goals if g["value"] is None)
+
+
+# -- bad arguments: one error line before anything runs --------------------------------------
+
+@pytest.mark.parametrize("argv, what", [
+    (["policies", "--repeat", "-1"], "argument --repeat: must be at least 1, got -1"),
+    (["policies", "--repeat", "0"], "argument --repeat: must be at least 1, got 0"),
+    (["policies", "--traces", "/no/such/dir"], "argument --traces: no directory /no/such/dir"),
+    (["prefetch", "--rounds", "-1"], "argument --rounds: must be at least 1"),
+    (["prefetch", "--backend-delay-ms", "-2"], "argument --backend-delay-ms: must be a finite"),
+    (["prefetch", "--backend-delay-ms", "inf"], "argument --backend-delay-ms: must be a finite"),
+    (["prefetch", "--hot-threshold", "17"], "argument --hot-threshold: must be at most 16"),
+    (["events", "--intervals", "5"], "argument --intervals: must be at least 13"),
+    (["events", "--posts", "0"], "argument --posts: must be at least 1"),
+    (["events", "--repeat", "-1"], "argument --repeat: must be at least 1"),
+    (["events", "--policy", "nope"], "argument --policy: unknown policy 'nope'"),
+    (["windows", "--block-size", "16"], "argument --block-size: must be at least 64"),
+    (["windows", "--window-blocks", "0"], "argument --window-blocks: must be at least 2"),
+    (["dedup", "--intervals", "-1"], "argument --intervals: must be at least 1"),
+    (["dedup", "--updates", "0"], "argument --updates: must be at least 1"),
+    (["dedup", "--keys", "x"], "argument --keys: not an integer: 'x'"),
+    (["arena", "--churn-mib", "-4"], "argument --churn-mib: must be at least 1"),
+])
+def test_bad_benchmark_arguments_are_refused_before_running(argv, what, capsys):
+    from mlcache.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv, "--quick"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"mlcache bench {argv[0]}: error: {what}")
