@@ -20,13 +20,15 @@ stored as ``(position, value)``, would find a key's slot on deletion but change 
 other code reads (the Spark integration's snapshot and change listeners).
 
 Keys are what the manager accepts: ``str``, ``int``, ``bytes`` and tuples of them; as a dict
-treats ``1 == 1.0 == True`` as one key, an integral float or a ``numpy`` integer is stored
+treats ``1 == 1.0 == True`` as one key, an integral float, a ``numpy`` integer or any other
+number equal to an int (``Fraction(4, 2)``, ``Decimal(3)``, ``numpy.float32(2.0)``) is stored
 as the ``int`` it equals. An unhashable key raises ``TypeError`` exactly as a dict does;
 another hashable but unsupported key (``1.5``) raises the manager's ``TypeError`` on write
 and is simply absent on read.
 """
 from __future__ import annotations
 
+import numbers
 import operator
 import reprlib
 import sys
@@ -82,7 +84,24 @@ def _key(key: Any) -> Any:
         return key if all(p is k for p, k in zip(parts, key)) else parts
     if hasattr(t, "__index__"):
         return operator.index(key)
-    return _BAD
+    return _integral(key)
+
+
+def _integral(key: Any) -> Any:
+    """The ``int`` that a number equal to one stands for (``Fraction(4, 2)``, ``Decimal(3)``,
+    ``numpy.float32(2.0)``, ``3+0j``, ``numpy.True_``), as a dict finds such a key under that
+    int (same hash, equal); ``_BAD`` for any other key."""
+    if isinstance(key, numbers.Number):
+        part = getattr(key, "real", key)
+    elif hasattr(type(key), "__int__"):
+        part = key
+    else:
+        return _BAD
+    try:
+        i = int(part)
+    except (TypeError, ValueError, OverflowError):
+        return _BAD
+    return i if key == i and hash(key) == hash(i) else _BAD
 
 
 def _write_key(key: Any) -> Any:

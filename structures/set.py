@@ -1,8 +1,8 @@
 """CacheableSet: a ``MutableSet`` whose elements are manager keys, one entry per element.
 
 Elements follow the manager's key rules (``str``, ``int``, ``bytes``, tuples of them); as in a
-set, ``1``, ``1.0`` and ``True`` are one element, so an integral float (or a ``numpy`` integer)
-is stored as the ``int`` it equals. ``len`` is O(1) from the metadata. Operators that build a
+set, ``1``, ``1.0`` and ``True`` are one element, so an integral float, a ``numpy`` integer or
+any other number equal to an int (``Fraction(4, 2)``) is stored as the ``int`` it equals. ``len`` is O(1) from the metadata. Operators that build a
 new set (``|``, ``&``, ``-``, ``^``, ``union``, ...) return a plain Python ``set`` (a
 ``frozenset`` when the left operand is one), as ``copy()`` does: a new cacheable set needs a
 name, so making one is an explicit ``manager.set(name)`` followed by ``update``.

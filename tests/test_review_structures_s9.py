@@ -95,3 +95,36 @@ def test_update_keeps_the_items_before_an_unsupported_key(manager):
     with pytest.raises(TypeError, match="NoneType"):
         s |= {None}
     assert s == {300}
+
+
+def test_numbers_equal_to_an_int_are_that_key(manager):
+    # Regression: only floats and types with __index__ were folded into the int they equal;
+    # Fraction(4, 2), Decimal(3), numpy.float32(2.0), 3+0j and numpy.True_ hash and compare
+    # equal to an int, so a dict finds them under it, but here they were absent on read
+    # (d.get(Fraction(2)) gave None, Fraction(2) in s was False) and refused on write.
+    from decimal import Decimal
+    from fractions import Fraction
+
+    import numpy as np
+
+    d, plain = manager.dict("d-num"), {}
+    s, plain_s = manager.set("s-num"), set()
+    for k in range(5):
+        d[k] = plain[k] = f"v{k}"
+        s.add(k)
+        plain_s.add(k)
+    keys = [Fraction(4, 2), Decimal(3), np.float32(2.0), np.float16(1.0), complex(3, 0),
+            np.complex64(4), np.True_, np.False_, Fraction(1, 2), Decimal("2.5"), complex(1, 1),
+            Decimal("NaN"), np.float32("nan"), np.float64("inf")]
+    for k in keys:
+        assert (k in d) == (k in plain), k
+        assert d.get(k, "-") == plain.get(k, "-"), k
+        assert (k in s) == (k in plain_s), k
+    d[Fraction(6, 3)] = plain[Fraction(6, 3)] = "two"
+    d[Decimal(7)] = plain[Decimal(7)] = "seven"
+    s.add(np.float32(7.0))
+    plain_s.add(np.float32(7.0))
+    assert d == plain and len(d) == len(plain) == 6
+    assert s == plain_s and len(s) == 6
+    with pytest.raises(TypeError, match="Fraction"):
+        d[Fraction(1, 2)] = 0
