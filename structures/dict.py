@@ -409,7 +409,7 @@ class CacheableDict(Cacheable, MutableMapping):
         self._added([key])
         return default
 
-    def update(self, *args: Any, **kwargs: Any) -> None:
+    def update(self, /, *args: Any, **kwargs: Any) -> None:
         """dict.update: a mapping (anything with ``keys()``) or an iterable of pairs, then
         the keyword arguments; the items before a bad one are kept, as dict keeps them."""
         if len(args) > 1:

@@ -128,3 +128,15 @@ def test_numbers_equal_to_an_int_are_that_key(manager):
     assert s == plain_s and len(s) == 6
     with pytest.raises(TypeError, match="Fraction"):
         d[Fraction(1, 2)] = 0
+
+
+def test_update_takes_any_keyword_as_a_key(manager):
+    # Regression: update(self, *args, **kwargs) took update(self=1) for its own parameter
+    # (TypeError 'got multiple values for argument self'); dict.update(self=1) adds the key.
+    d, plain = manager.dict("d-kw"), {}
+    for m in (d, plain):
+        m.update(self=1, args=2)
+        m.update({"x": 0}, self=3)
+        m |= {"kwargs": 4}
+    assert d == plain == {"self": 3, "args": 2, "x": 0, "kwargs": 4}
+    assert list(d) == list(plain)
