@@ -130,6 +130,8 @@ class DedupPolicy(BasePolicy):
         sp = self._home.pop(key, None)
         if sp is not None:
             self.total_weight -= sp.lru.pop(key)
+            if not sp.lru and not sp.dirty:
+                self._drop(sp)
 
     def resize(self, capacity: int) -> list:
         _check_capacity(capacity)
@@ -172,6 +174,8 @@ class DedupPolicy(BasePolicy):
             return []
         keys = list(sp.dirty)
         sp.dirty.clear()
+        if not sp.lru:
+            self._drop(sp)
         return keys
 
     def restore_dirty(self, namespace: Hashable, keys: Iterable[Hashable]) -> None:
@@ -185,8 +189,19 @@ class DedupPolicy(BasePolicy):
         back = sp.dirty
         sp.dirty = {k: None for k in keys if k not in back}
         sp.dirty.update(back)
+        if not sp.dirty and not sp.lru:
+            self._drop(sp)
 
     # -- eviction -----------------------------------------------------------------------------
+
+    def _drop(self, sp: _Space) -> None:
+        # A namespace with neither resident nor dirty keys is forgotten: kept, every namespace
+        # ever written stayed in _spaces (memory) and in the scan of _pick, so an insert
+        # that evicts from the other namespaces cost O(namespaces ever seen), not O(resident)
+        # (50,000 one-key namespaces, half removed: 13 s of inserts). (_pick skipped empty
+        # namespaces already; one written again now takes its turn after the others.)
+        if self._spaces.get(sp.name) is sp:
+            del self._spaces[sp.name]
 
     def _flush(self, sp: _Space) -> None:
         keys = list(sp.dirty)
@@ -224,4 +239,6 @@ class DedupPolicy(BasePolicy):
             self.total_weight -= sp.lru.pop(key)
             del self._home[key]
             victims.append(key)
+            if not sp.lru and not sp.dirty:
+                self._drop(sp)
         return victims
