@@ -197,6 +197,19 @@ class FrequencySketch:
         self._split = [0, 2 * w, w, 3 * w]
         self._steps = np.arange(self.depth, dtype=np.int64).reshape(self.depth, 1)
 
+    def __getstate__(self) -> dict:
+        # ``_np`` is a view of ``table``: pickled or deep-copied, it became an array of its own,
+        # so the copy's increments and halvings went to it while estimates read the table (a
+        # copied sketch, and the W-TinyLFU policy or TinyLFUCache holding it, never counted
+        # again). The view is rebuilt over the copy's table instead.
+        state = self.__dict__.copy()
+        del state["_np"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._np = np.frombuffer(self.table, dtype=np.uint8)
+
     @property
     def nbytes(self) -> int:
         """Memory the sketch keeps: the counter table and the drain's scratch counters (a

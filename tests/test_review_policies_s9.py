@@ -352,3 +352,28 @@ def test_dedup_forgets_a_namespace_with_nothing_left():
     assert len(policy._spaces) == 9
     policy.resize(4)
     assert len(policy) == len(policy._spaces) == 4
+
+
+@pytest.mark.parametrize("capacity", [64, 1 << 16])  # the dense and the sparse update
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copied_sketch_keeps_counting(capacity, how):
+    # The sketch's numpy view of its table became an array of its own in a copy: increments
+    # and halvings went there while estimates read the table, so the copy never counted.
+    import copy
+    import pickle
+
+    from mlcache.sketch import FrequencySketch
+
+    def dup(x):
+        return pickle.loads(pickle.dumps(x)) if how == "pickle" else copy.deepcopy(x)
+
+    sketch = FrequencySketch(capacity, seed=1)
+    sketch.increment_counts({"a": 2})
+    twin = dup(sketch)
+    twin.increment_counts({"a": 3, "b": 1})
+    twin.increment_hashes([7], [4])
+    assert (twin.frequency("a"), twin.frequency("b"), twin.frequency_of_hash(7)) == (5, 1, 4)
+    assert sketch.frequency("a") == 2 and sketch.frequency("b") == 0   # the original apart
+    twin.reset()
+    assert twin.frequency("a") == 2
+
