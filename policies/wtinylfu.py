@@ -188,6 +188,21 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
         self._cold.unit = True  # every weight so far is 1
         self._steady = False  # full, unit weights, window at its target: see _add
 
+    # -- copies --------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        # ``_logged`` is the hit log's bound ``append``, a builtin method: copy.deepcopy keeps
+        # it as it is, so a deep copy logged its protected hits into the original's log (its
+        # own never counted them, and the original counted hits it never had). Rebound on the
+        # copy's own log instead (pickle got it right; this does both the same way).
+        state = self.__dict__.copy()
+        del state["_logged"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._logged = self._cold.log.append
+
     # -- introspection -------------------------------------------------------------------------
 
     def __len__(self) -> int:

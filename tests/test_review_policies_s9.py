@@ -377,3 +377,30 @@ def test_a_copied_sketch_keeps_counting(capacity, how):
     twin.reset()
     assert twin.frequency("a") == 2
 
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copied_wtinylfu_policy_decides_as_the_original(how):
+    # With its sketch dead, a copied W-TinyLFU admitted on buffered counts only, and a deep
+    # copy logged its protected hits into the original's hit log (a builtin bound method is
+    # not copied): the copy and the original, fed the same requests, evicted different keys.
+    import copy
+    import pickle
+    import random
+
+    rng = random.Random(5)
+    keys = [min(rng.randrange(3000), rng.randrange(3000)) for _ in range(30_000)]
+    original = get_policy("wtinylfu")(200)
+
+    def play(policy, part):
+        out = []
+        for key in part:
+            if key in policy:
+                policy.access(key)
+            else:
+                out.extend(policy.insert(key))
+        return out
+
+    play(original, keys[:10_000])
+    twin = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
+    assert play(twin, keys[10_000:]) == play(original, keys[10_000:])
+    assert twin.frequency(keys[-1]) == original.frequency(keys[-1])
