@@ -91,6 +91,7 @@ def _integral(key: Any) -> Any:
     """The ``int`` that a number equal to one stands for (``Fraction(4, 2)``, ``Decimal(3)``,
     ``numpy.float32(2.0)``, ``3+0j``, ``numpy.True_``), as a dict finds such a key under that
     int (same hash, equal); ``_BAD`` for any other key."""
+    part: Any
     if isinstance(key, numbers.Number):
         part = getattr(key, "real", key)
     elif hasattr(type(key), "__int__"):

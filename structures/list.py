@@ -24,6 +24,8 @@ from typing import Any, SupportsIndex
 
 from mlcache.levels.heap import _SAMPLE, estimate_size
 
+from mlcache.errors import IntegrityError
+
 from .base import Cacheable, list_shell, locked
 
 __all__ = ["CacheableList", "DEFAULT_CHUNK_SIZE"]
@@ -117,6 +119,24 @@ class CacheableList(Cacheable, MutableSequence):
         else:
             put_items([(cid, kb(cid), chunk)], None, [weight])
 
+    def _chunk(self, cid: int) -> list[Any]:
+        """Chunk ``cid``, which the metadata says holds elements."""
+        chunk = self._ns.get(cid)
+        if chunk is None:
+            raise self._lost(cid)
+        return chunk  # type: ignore[no-any-return]
+
+    def _lost(self, cid: int) -> IntegrityError:
+        """The error for chunk ``cid`` found in no level though the metadata counts its
+        elements: a level configured ``lossy=True`` may drop entries (or the levels were
+        cleared behind the manager's back). It was a bare ``TypeError``/``KeyError``."""
+        n, head, c = self._meta["len"], self._meta["head"], self._meta["chunk"]
+        lo, hi = max(0, cid * c - head), min(n, cid * c + c - head) - 1
+        return IntegrityError(
+            f"list {self._name!r} (len {n}): the chunk holding elements {lo}..{hi} is in no "
+            "level (a lossy level may drop entries); they are lost, clear() or drop() the "
+            "list to reuse it", key=cid)
+
     def _read(self, start: int, stop: int) -> list[Any]:
         """Elements ``start <= i < stop`` (already normalised, start <= stop)."""
         if start >= stop:
@@ -129,7 +149,9 @@ class CacheableList(Cacheable, MutableSequence):
             ids = list(range(batch0, min(batch0 + _BATCH_CHUNKS, last + 1)))
             found = self._ns.get_many(ids)
             for cid in ids:
-                chunk = found[cid]
+                chunk = found.get(cid)
+                if chunk is None:
+                    raise self._lost(cid)
                 lo = max(p0, cid * c) - cid * c
                 hi = min(p1, cid * c + c) - cid * c
                 out.extend(chunk[lo:hi])
@@ -179,7 +201,7 @@ class CacheableList(Cacheable, MutableSequence):
             dead = [cid for cid in old if cid > last]
             if dead:
                 self._ns.delete_many(dead)
-            chunk = self._ns.get(last)
+            chunk = self._chunk(last)
             keep = head + n - last * c
             if len(chunk) > keep:
                 del chunk[keep:]
@@ -202,7 +224,7 @@ class CacheableList(Cacheable, MutableSequence):
         self._ver += 1
         head, c = self._meta["head"], self._meta["chunk"]
         cid, off = divmod(head, c)
-        chunk = self._ns.get(cid)
+        chunk = self._chunk(cid)
         value = chunk[off]
         self._meta["len"] -= 1
         if self._meta["len"] == 0:
@@ -228,7 +250,7 @@ class CacheableList(Cacheable, MutableSequence):
             self._ns.delete_many(dead)
         cid, off = divmod(new_head, c)
         if off:
-            chunk = self._ns.get(cid)
+            chunk = self._chunk(cid)
             lo = max(head, cid * c) - cid * c
             chunk[lo:off] = [None] * (off - lo)
             self._ns.put(cid, chunk)
@@ -269,7 +291,7 @@ class CacheableList(Cacheable, MutableSequence):
             raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}")
         i = self._index(i, "list index out of range")
         cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
-        return self._load(self._ns.get(cid)[off])
+        return self._load(self._chunk(cid)[off])
 
     @locked
     def __setitem__(self, i: Any, value: Any) -> None:
@@ -280,7 +302,7 @@ class CacheableList(Cacheable, MutableSequence):
             raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}")
         i = self._index(i, "list assignment index out of range")
         cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
-        chunk = self._ns.get(cid)
+        chunk = self._chunk(cid)
         chunk[off] = self._store(value)
         self._ver += 1
         self._ns.put(cid, chunk)
@@ -370,9 +392,8 @@ class CacheableList(Cacheable, MutableSequence):
     def _append(self, value: Any) -> None:
         head, n, c = self._meta["head"], self._meta["len"], self._meta["chunk"]
         cid, off = divmod(head + n, c)
-        chunk = self._ns.get(cid) if off else None
-        if chunk is None:
-            chunk = [None] * off if off else []
+        # (a list with no element has head 0: a chunk that elements continue is theirs)
+        chunk = self._chunk(cid) if off else []
         chunk.append(self._store(value))
         self._ver += 1
         # grown in place: the slots before the new one are those of the chunk as read
