@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import numbers
 from typing import Any, Hashable, Iterator
 
 from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
@@ -110,6 +111,11 @@ class SlideMPolicy(BasePolicy):
     # -- the window side ---------------------------------------------------------------------
     def set_cursor(self, window: Hashable, seq: int) -> None:
         """Window ``window`` now expires from block ``seq`` (its ancient block)."""
+        if isinstance(seq, bool) or not isinstance(seq, numbers.Integral):
+            # checked before it is kept: None or a str stayed among the cursors, and every
+            # later set_cursor failed to sort them; a NaN made every distance meaningless
+            raise TypeError(f"set_cursor: seq must be a block sequence number (an int), "
+                            f"got {seq!r}")
         self._cursors[window] = seq
         self._sorted = sorted(self._cursors.values())
 

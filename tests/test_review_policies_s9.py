@@ -404,3 +404,18 @@ def test_a_copied_wtinylfu_policy_decides_as_the_original(how):
     twin = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
     assert play(twin, keys[10_000:]) == play(original, keys[10_000:])
     assert twin.frequency(keys[-1]) == original.frequency(keys[-1])
+
+
+@pytest.mark.parametrize("seq", [None, "5", float("nan"), 2.5, True])
+def test_slidem_refuses_a_cursor_that_is_not_a_block_number(seq):
+    # None or "5" was kept among the cursors before sorting them failed, so every later
+    # set_cursor of any window raised too; NaN was accepted and made the distances garbage.
+    policy = get_policy("slidem")(3)
+    for key in range(3):
+        policy.insert(key)
+    policy.set_cursor("w1", 1)
+    with pytest.raises(TypeError, match="seq"):
+        policy.set_cursor("w2", seq)
+    policy.set_cursor("w1", 2)                      # the other windows still work
+    assert policy.distance(2) == 0 and policy.distance(0) == math.inf
+    assert policy.insert(5) == [1]        # 0 and 1: no window reads them again; the newer goes
