@@ -173,3 +173,45 @@ def test_a_value_the_heap_cannot_weigh_neither_loses_a_queued_write_nor_undelete
             assert m.get("gone") is None
         with CacheManager(config) as again:
             assert type(again.get("k")) is type(bad) and again.get("gone") is None
+
+
+def test_container_subclasses_and_deques_are_weighed_with_their_contents():
+    # estimate_size walked the contents of exact dicts, lists, tuples and sets only: a
+    # defaultdict(list) of 1,000 lists of 10 floats weighed 26 KB for 458 KB allocated
+    # (tracemalloc), a deque of 1,000 small dicts 9 KB for 207 KB, a Counter of 2,000 words
+    # 52 KB for 229 KB, so a bytes-bounded heap of such values held many times its budget.
+    import collections
+    import tracemalloc
+
+    def plain():
+        return {f"user{i}": [i + j / 7 for j in range(10)] for i in range(1000)}
+
+    def default_dict():
+        d = collections.defaultdict(list)
+        for i in range(1000):
+            d[f"user{i}"].extend(i + j / 7 for j in range(10))
+        return d
+
+    def counter():
+        return collections.Counter({f"word{i}": 1000 + i for i in range(2000)})
+
+    def ordered():
+        return collections.OrderedDict((f"k{i}", [i / 7] * 5) for i in range(1000))
+
+    def deque():
+        return collections.deque({"a": i / 7} for i in range(1000))
+
+    def named():
+        point = collections.namedtuple("point", "x y label")
+        return [point(i / 7, i / 3, f"p{i}") for i in range(1000)]
+
+    for make in (plain, default_dict, counter, ordered, deque, named):
+        tracemalloc.start()
+        try:
+            value = make()
+            allocated = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        # as close as the plain dict's estimate (within the sampling's slack)
+        assert estimate_size(value) >= 0.8 * allocated, (make.__name__, estimate_size(value),
+                                                         allocated)

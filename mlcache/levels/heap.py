@@ -21,6 +21,7 @@ them on the next flush).
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import sys
 from typing import Any, Hashable, Iterator, cast
@@ -38,6 +39,8 @@ _FLAT = frozenset((bytes, str, bytearray, int, float, bool, type(None)))
 # the allocator rounds each (the object part is getsizeof of an empty one).
 _SPLIT = {t: sys.getsizeof(t()) for t in (list, dict, set, frozenset, bytearray)}
 _SHARED = (type(None), bool)   # singletons: a reference costs nothing
+# containers walked by isinstance when not of an exact type above (subclasses, deque)
+_CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque)
 
 
 def _alloc(n: int) -> int:
@@ -92,6 +95,10 @@ def estimate_size(value: Any, _depth: int = 0) -> int:
                 break
             total += estimate_size(item, _depth + 1)
         return size + total * n // min(n, _SAMPLE)
+    if isinstance(value, _CONTAINERS):
+        # a subclass (Counter, defaultdict, OrderedDict) or a deque: its contents too, not
+        # only its table (a defaultdict(list) of 1,000 lists weighed 26 KB for 458 KB)
+        size += _contents_size(value, _depth)
     try:
         attrs = getattr(value, "__dict__", None)
     except Exception:   # a __getattr__ raising something else than AttributeError
@@ -99,6 +106,27 @@ def estimate_size(value: Any, _depth: int = 0) -> int:
     if type(attrs) is dict:
         size += estimate_size(attrs, _depth + 1)
     return size
+
+
+def _contents_size(value: Any, depth: int) -> int:
+    """What :func:`estimate_size` adds for the contents of a container that is not of an
+    exact built-in type: its items, sampled the same way (nothing if iterating it fails)."""
+    try:
+        n = len(value)
+        if not n:
+            return 0
+        items = iter(value.items()) if isinstance(value, dict) else iter(value)
+        total = 0
+        for i, item in enumerate(items):
+            if i == _SAMPLE:
+                break
+            if isinstance(value, dict):
+                total += estimate_size(item[0], depth + 1) + estimate_size(item[1], depth + 1)
+            else:
+                total += estimate_size(item, depth + 1)
+        return total * n // min(n, _SAMPLE)
+    except Exception:
+        return 0
 
 
 def resolve_policy(name: str) -> tuple[type, bool]:
