@@ -219,6 +219,8 @@ class Cacheable:
     def _check_meta(self, meta: dict[str, Any], **options: Any) -> None:
         if meta.get("kind", self.kind) != self.kind:
             raise TypeError(f"{self._name!r} is a {meta.get('kind')}, not a {self.kind}")
+        if options:   # (a subclass with options takes them as parameters: none are left here)
+            raise TypeError(f"{type(self).__name__} takes no options, got {sorted(options)}")
 
     def _save_meta(self) -> None:
         counts = self._meta_counts

@@ -35,6 +35,11 @@ _BATCH_CHUNKS = 32
 _MAXSIZE = sys.maxsize
 
 
+def _check_chunk_size(chunk_size: Any) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+
+
 def _slice_index(i: Any) -> int:
     """An index argument of ``list.index``: an int or ``__index__`` (not None), as list says."""
     if isinstance(i, int):
@@ -63,12 +68,18 @@ class CacheableList(Cacheable, MutableSequence):
         self._chunk_w = None
 
     def _new_meta(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, Any]:  # type: ignore[override]
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        _check_chunk_size(chunk_size)
         return {"len": 0, "head": 0, "chunk": chunk_size}
 
     def _check_meta(self, meta: dict[str, Any], chunk_size: int | None = None) -> None:  # type: ignore[override]
+        # The chunk size is fixed when the list is made; one given again must be it, as a
+        # quadtree's bounds must (a different or invalid one was silently ignored).
         super()._check_meta(meta)
+        if chunk_size is not None:
+            _check_chunk_size(chunk_size)
+            if chunk_size != meta["chunk"]:
+                raise ValueError(f"list {self._name!r} exists with chunk_size "
+                                 f"{meta['chunk']}, not {chunk_size}")
 
     def _empty_meta(self) -> dict[str, Any]:
         return {**self._meta, "len": 0, "head": 0}

@@ -175,3 +175,30 @@ def test_a_list_chunk_dropped_by_a_lossy_level_is_named(tmp_path):
         lst.clear()
         lst.extend(range(40))
         assert lst.copy() == list(range(40))
+
+
+def test_options_given_again_must_match(manager):
+    # Regression: a list's chunk_size given again on a reopen (open, or after close()) was
+    # silently ignored, even a different or an invalid one, and a dict or set took unknown
+    # options on a reopen that it refuses on creation (TypeError 'takes no options').
+    lst = manager.list("opts", chunk_size=8)
+    lst.extend(range(20))
+    assert manager.list("opts", chunk_size=8) is lst and manager.list("opts") is lst
+    with pytest.raises(ValueError, match="exists with chunk_size 8, not 64"):
+        manager.list("opts", chunk_size=64)
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        manager.list("opts", chunk_size=0)
+    for make in (manager.dict, manager.set):
+        make("opts")
+        with pytest.raises(TypeError, match="takes no options"):
+            make("opts", chunk_size=8)
+    config = manager.test_config
+    manager.close()
+    from mlcache import CacheManager
+
+    with CacheManager(config) as again:
+        with pytest.raises(ValueError, match="exists with chunk_size 8, not 64"):
+            again.list("opts", chunk_size=64)
+        with pytest.raises(TypeError, match="takes no options"):
+            again.dict("opts", foo=1)
+        assert again.list("opts", chunk_size=8).copy() == list(range(20))
