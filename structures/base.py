@@ -299,10 +299,24 @@ class Cacheable:
 
     def __deepcopy__(self, memo: dict) -> Any:
         """``copy.deepcopy``: a deep copy of the plain copy, so nested structures become
-        plain containers too (a snapshot of the whole state)."""
+        plain containers too (a snapshot of the whole state). The new container is in ``memo``
+        before its contents are copied, so a structure that holds itself (``d["me"] = d``) gives
+        a plain container that holds itself, as a dict's deep copy does."""
         import copy
 
-        return copy.deepcopy(self.__copy__(), memo)
+        plain = self.__copy__()
+        if isinstance(plain, StructureRef):
+            return plain
+        out = type(plain)()
+        memo[id(self)] = out
+        if isinstance(out, dict):
+            for k, v in plain.items():
+                out[copy.deepcopy(k, memo)] = copy.deepcopy(v, memo)
+        elif isinstance(out, list):
+            out.extend(copy.deepcopy(v, memo) for v in plain)
+        else:
+            out.update(copy.deepcopy(v, memo) for v in plain)
+        return out
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like list/dict/set
 

@@ -202,3 +202,26 @@ def test_options_given_again_must_match(manager):
         with pytest.raises(TypeError, match="takes no options"):
             again.dict("opts", foo=1)
         assert again.list("opts", chunk_size=8).copy() == list(range(20))
+
+
+def test_deepcopy_of_a_structure_that_holds_itself(manager):
+    # Regression: __deepcopy__ deep-copied the plain copy, which holds the live structure again,
+    # so d["me"] = d (or a list holding itself) recursed until RecursionError; a dict's deep copy
+    # keeps the cycle.
+    import copy
+
+    d, lst = manager.dict("d-cyc"), manager.list("l-cyc")
+    d["me"] = d
+    d["l"] = lst
+    d["v"] = [1, 2]
+    lst.append(lst)
+    lst.append(d)
+    out = copy.deepcopy(d)
+    assert type(out) is dict and out["me"] is out and out["v"] == [1, 2]
+    assert type(out["l"]) is list and out["l"][0] is out["l"] and out["l"][1] is out
+    plain = copy.deepcopy(lst)
+    assert type(plain) is list and plain[0] is plain and plain[1]["l"] is plain
+    s = manager.set("s-cyc")
+    s.update([1, ("a", 2)])
+    d["s"] = s
+    assert copy.deepcopy(d)["s"] == {1, ("a", 2)} and type(copy.deepcopy(s)) is set
