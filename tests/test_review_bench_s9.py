@@ -151,3 +151,52 @@ def test_prefetch_latency_counts_the_inputs_share(monkeypatch):
     assert sum(agg.values()) == 20
     assert nxt == [5.0] * 20 and step == [1.0] * 20
     assert lat == [6.0] * 20
+
+
+# -- dedup: 'state correct' checks every key ---------------------------------------------------
+
+def test_dedup_state_check_covers_every_key(tmp_path):
+    """The check read back the first 500 keys of the expected state only, so a variant that
+    lost or corrupted a key seen later still reported its state correct."""
+    from mlcache.bench import dedup
+
+    variant = dedup._Variant("dedup", str(tmp_path))
+    try:
+        keys = list(range(600))
+        variant.updates_chunk(keys)
+        variant.commit(keys)
+        expected = {k: 1 for k in keys}
+        assert variant.row(expected)["state_correct"] is True
+        expected[599] = 2                     # the store holds 1: a wrong value past the 500th
+        assert variant.row(expected)["state_correct"] is False
+    finally:
+        variant.m.close()
+
+
+# -- spark: no variant runs in a favoured position ---------------------------------------------
+
+def test_spark_runs_every_variant_twice_at_the_same_mean_position():
+    """Each variant ran once, all-in-heap first: the session speeds up run after run (JIT,
+    worker caches), so the baseline of 'time mlcache / all-in-heap' paid the warming alone."""
+    from mlcache.bench import spark
+
+    order = spark._schedule()
+    positions = {v: [i for i, name in enumerate(order) if name == v] for v in spark.ORDER}
+    assert all(len(p) == 2 for p in positions.values())
+    assert len({sum(p) for p in positions.values()}) == 1
+
+
+def test_spark_row_is_the_mean_of_the_runs():
+    from mlcache.bench import spark
+    from mlcache.demo_spark import PipelineResult
+
+    def result(seconds: float, batches: list[float], mismatches: int) -> PipelineResult:
+        return PipelineResult(variant="mlcache", events=1000, cards=500, batches=2,
+                              seconds=seconds, batch_seconds=batches, alerts=0,
+                              mismatches=mismatches, heap_entries_per_worker=25, creations={})
+
+    report = BenchReport("spark")
+    row = spark._row(report, [result(4.0, [1.0, 3.0], 0), result(2.0, [0.5, 1.5], 1)])
+    assert row["seconds"] == 3.0 and row["seconds_per_run"] == "4.00, 2.00"
+    assert row["throughput"] == round(1000 / 3.0, 1)
+    assert row["mismatches"] == 1
