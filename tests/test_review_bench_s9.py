@@ -201,3 +201,38 @@ def test_spark_row_is_the_mean_of_the_runs():
     assert row["seconds"] == 3.0 and row["seconds_per_run"] == "4.00, 2.00"
     assert row["throughput"] == round(1000 / 3.0, 1)
     assert row["mismatches"] == 1
+
+
+# -- optional extras missing: goals unmeasured, the page still written --------------------------
+
+def test_spark_without_the_spark_extra_lists_its_goals_unmeasured(monkeypatch):
+    import argparse
+    import sys
+
+    from mlcache.bench import spark
+
+    monkeypatch.setitem(sys.modules, "pyspark", None)       # as if not installed
+    report = spark.run(argparse.Namespace(quick=True, redis=None))
+    assert [(g["name"], g["op"], g["target"]) for g in report.goals] == list(spark.GOALS)
+    assert all(g["value"] is None and "pyspark is not installed" in g["unmeasured"]
+               for g in report.goals)
+
+
+def test_report_page_is_written_without_matplotlib(tmp_path, monkeypatch):
+    """The page rendered at the end of `bench all --report` imported matplotlib for the plots
+    and failed without it (the bench extra), after every benchmark had run."""
+    import sys
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "_run.json").write_text(json.dumps({"date": "d", "machine": "m", "quick": True,
+                                               "benchmarks": ["example"], "failures": {}}))
+    report = BenchReport("example")
+    report.result("a", throughput=1.0)
+    report.result("b", throughput=2.0)
+    report.goal("b / a", 2.0, ">=", 1.0)
+    (raw / "example.json").write_text(json.dumps(report.to_dict()))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    page = bench_all.render_report(tmp_path, tmp_path / "report.md").read_text()
+    assert "| b / a | 2.00 | >= 1.00 | met |" in page
+    assert "plots/example.png" not in page

@@ -321,9 +321,13 @@ def _margin(goal: dict[str, Any]) -> float:
 def plot_report(data: dict[str, Any], path: Path) -> bool:
     """One PNG per benchmark: goals as value/target (1 = on target) and the main result columns.
 
-    Returns False when there is nothing to plot.
+    Returns False when there is nothing to plot, or no matplotlib (the bench extra) to plot
+    with: the page is still written, without the figure.
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
