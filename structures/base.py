@@ -21,6 +21,7 @@ instance was the obvious alternative but would force the pickle fallback on ever
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import uuid
@@ -45,6 +46,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 # manager -> {(kind, name): live structure}; weak on both sides so neither keeps the other.
 _LIVE: "weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary]" = weakref.WeakKeyDictionary()
 _LIVE_LOCK = threading.RLock()
+
+
+def _after_fork() -> None:
+    """In a forked child: a structure's lock (or the registry's) held by a thread of the
+    parent stays held, as no such thread exists here; start with fresh ones, as the manager
+    does with its own lock."""
+    global _LIVE_LOCK
+    _LIVE_LOCK = threading.RLock()
+    for live in list(_LIVE.values()):
+        for obj in list(live.values()):
+            obj._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class StructureRef:

@@ -225,3 +225,53 @@ def test_deepcopy_of_a_structure_that_holds_itself(manager):
     s.update([1, ("a", 2)])
     d["s"] = s
     assert copy.deepcopy(d)["s"] == {1, ("a", 2)} and type(copy.deepcopy(s)) is set
+
+
+def test_a_forked_child_can_use_a_structure_locked_at_the_fork(tmp_path):
+    # Regression (of the per-structure lock, fbac26e): a child forked while a thread of the
+    # parent was inside a structure's call (here a sort whose key function waits) inherited the
+    # lock held by a thread it does not have, and its first call on that structure hung. The
+    # locks are renewed in the child, as the manager renews its own.
+    import os
+    import time
+
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+
+    config = CacheConfig(heap=HeapConfig(max_entries=4, max_bytes=None),
+                         levels=(DiskConfig(path=str(tmp_path)),), namespace="fork")
+    m = CacheManager(config)
+    lst = m.list("l", chunk_size=2)
+    lst.extend([3, 1, 2])
+    inside, release = threading.Event(), threading.Event()
+
+    def key(v):
+        inside.set()
+        release.wait(30)
+        return v
+
+    sorter = threading.Thread(target=lambda: lst.sort(key=key))
+    sorter.start()
+    try:
+        assert inside.wait(30)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                lst.append(4)
+                code = 0 if lst.copy() == [3, 1, 2, 4] else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 15
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if not done:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert done and os.WEXITSTATUS(status) == 0, "the child hung on the structure's lock"
+    finally:
+        release.set()
+        sorter.join()
+        m.close()
