@@ -236,3 +236,20 @@ def test_report_page_is_written_without_matplotlib(tmp_path, monkeypatch):
     page = bench_all.render_report(tmp_path, tmp_path / "report.md").read_text()
     assert "| b / a | 2.00 | >= 1.00 | met |" in page
     assert "plots/example.png" not in page
+
+
+def test_nan_and_infinite_figures_are_valid_json_and_a_nan_goal_is_unmeasured():
+    """json.dump wrote NaN/Infinity (not JSON: strict readers refuse the whole file) and a NaN
+    goal value was stored as a number."""
+    report = BenchReport("example")
+    report.result("a", p999_ms=float("nan"), ratio=float("inf"), n=3)
+    assert report.goal("0/0", float("nan"), "<=", 1.0) is False
+    assert report.goal("x/0", float("inf"), ">=", 10.0) is False
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    data = json.loads(json.dumps(report.to_dict()), parse_constant=refuse)
+    assert data["results"] == [{"variant": "a", "p999_ms": None, "ratio": None, "n": 3}]
+    assert [g["value"] for g in data["goals"]] == [None, None]
+    assert data["goals"][0]["unmeasured"] == "the measurement gave nan"

@@ -107,6 +107,10 @@ class BenchReport:
         if op not in _OPS:
             raise ValueError(f"unknown comparison {op!r}")
         value = float(value)
+        if not math.isfinite(value):
+            # a NaN or infinite ratio is a failed measurement (0/0, a zero time), and JSON has
+            # no such numbers (json.dump would write NaN, which strict readers refuse)
+            return self.unmeasured(name, op, target, f"the measurement gave {value}")
         self.goals.append({"name": name, "value": round(value, 6), "op": op, "target": target})
         return _OPS[op](value, target)
 
@@ -128,7 +132,7 @@ class BenchReport:
             "machine": machine_description(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "quick": self.quick,
-            "results": self.results,
+            "results": [{k: _json_number(v) for k, v in row.items()} for row in self.results],
             "goals": self.goals,
             "notes": self.notes,
         }
@@ -173,6 +177,13 @@ def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:
         with open(tmp, "w") as fh:
             json.dump(data, fh, indent=2)
     replace_atomically(path, write)
+
+
+def _json_number(v: Any) -> Any:
+    """A NaN or infinite float as None (JSON null): JSON has no such numbers."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
 
 
 def _fmt(v: Any) -> str:
