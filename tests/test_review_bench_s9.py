@@ -253,3 +253,27 @@ def test_nan_and_infinite_figures_are_valid_json_and_a_nan_goal_is_unmeasured():
     assert data["results"] == [{"variant": "a", "p999_ms": None, "ratio": None, "n": 3}]
     assert [g["value"] for g in data["goals"]] == [None, None]
     assert data["goals"][0]["unmeasured"] == "the measurement gave nan"
+
+
+def test_dedup_checks_one_forward_per_dirty_key_per_interval_pair_by_pair(tmp_path):
+    """'Exactly one forward per dirty key per interval' was measured as total forwards over
+    total dirty keys, which is 1.0 also when a key is forwarded twice and another not at all."""
+    from mlcache.bench import dedup
+
+    variant = dedup._Variant("dedup", str(tmp_path))
+    try:
+        variant.updates_chunk([1, 2, 2, 3])
+        variant.commit([1, 2, 2, 3])
+        assert variant.wrong_pairs == 0 and variant.downstream == 3
+        # interval 2 counted as dirty {4, 5}, only 4 updated, and 4 forwarded twice (once
+        # more through the listener): 2 forwards for 2 dirty keys, a mean of exactly 1.0
+        variant.updates_chunk([4])
+        variant._count([(4, 1, None)])
+        before = variant.downstream
+        variant.commit([4, 5])
+        assert variant.downstream - before == 1 and variant.downstream == 5 == variant.dirty
+        assert variant.wrong_pairs == 2                  # 4 forwarded twice, 5 never
+        row = variant.row({1: 1, 2: 2, 3: 1, 4: 1})
+        assert row["pairs_not_forwarded_once"] == 2
+    finally:
+        variant.m.close()
