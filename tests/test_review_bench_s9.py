@@ -277,3 +277,13 @@ def test_dedup_checks_one_forward_per_dirty_key_per_interval_pair_by_pair(tmp_pa
         assert row["pairs_not_forwarded_once"] == 2
     finally:
         variant.m.close()
+
+
+def test_prefetch_goal_specs_match_the_issue():
+    from mlcache.bench import prefetch
+
+    ysb, nexmark = prefetch._goal_specs("ysb"), prefetch._goal_specs("nexmark")
+    assert [(op, t) for _, op, t in ysb] == [("<=", 0.2), ("<=", 1.0), (">=", 1.0), ("==", 5),
+                                              (">=", 0.5), (">=", -0.001)]
+    assert [(op, t) for _, op, t in nexmark] == [("<=", 0.2), ("<=", 1.0), (">=", 1.0),
+                                                  ("==", 4)]
