@@ -287,3 +287,17 @@ def test_prefetch_goal_specs_match_the_issue():
                                               (">=", 0.5), (">=", -0.001)]
     assert [(op, t) for _, op, t in nexmark] == [("<=", 0.2), ("<=", 1.0), (">=", 1.0),
                                                   ("==", 4)]
+
+
+def test_events_memory_pass_counts_the_heaps_own_bookkeeping():
+    """The events memory goal ('heap memory within its byte budget') traced only the node
+    files, not what the heap itself allocates per entry (its entries, keys, policy records)."""
+    import fnmatch
+
+    from mlcache.bench import events
+
+    files = events.NODE_FILES + events.HEAP_FILES
+    for path in ("/x/mlcache/levels/heap.py", "/x/mlcache/keys.py", "/x/policies/lru.py",
+                 "/x/policies/wtinylfu.py", "/x/mlcache/writeback.py",
+                 "/x/structures/quadtree.py", "/x/mlcache/codec.py"):
+        assert any(fnmatch.fnmatch(path, f"*{f}") for f in files), path
