@@ -233,7 +233,9 @@ def render_report(src: Path, page: Path) -> Path:
     for data in reports:
         goals = data.get("goals", [])
         met = sum(_met(g) for g in goals)
-        summary.append(f"| [{data['benchmark']}](#{data['benchmark']}) | {met} / {len(goals)} "
+        unmeasured = sum(g.get("value") is None for g in goals)
+        count = f"{met} / {len(goals)}" + (f" ({unmeasured} not measured)" if unmeasured else "")
+        summary.append(f"| [{data['benchmark']}](#{data['benchmark']}) | {count} "
                        f"| {_cell(data.get('seconds'))} | {data.get('date', '')} |")
     for name in meta.get("failures", {}):
         summary.append(f"| {name} | failed (see below) | | |")
