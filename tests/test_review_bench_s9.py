@@ -88,6 +88,8 @@ def test_policies_lists_goals_of_missing_traces_and_theine_as_unmeasured():
     (["dedup", "--updates", "0"], "argument --updates: must be at least 1"),
     (["dedup", "--keys", "x"], "argument --keys: not an integer: 'x'"),
     (["arena", "--churn-mib", "-4"], "argument --churn-mib: must be at least 1"),
+    (["levels", "--redis-url", "localhost:6379"], "argument --redis-url: not a Redis URL"),
+    (["spark", "--redis", "http://x"], "argument --redis: not a Redis URL"),
 ])
 def test_bad_benchmark_arguments_are_refused_before_running(argv, what, capsys):
     from mlcache.cli import main

@@ -24,7 +24,7 @@ from typing import Any
 from .._files import replace_atomically
 
 __all__ = ["BenchReport", "machine_description", "Timer", "goal_met", "int_arg",
-           "nonnegative_float_arg"]
+           "nonnegative_float_arg", "redis_url_arg"]
 
 _OPS = {
     "<=": lambda v, t: v <= t,
@@ -65,6 +65,17 @@ def nonnegative_float_arg(text: str) -> float:
     if not math.isfinite(x) or x < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return x
+
+
+def redis_url_arg(text: str) -> str:
+    """An argparse type: a redis://, rediss:// or unix:// URL, or ``embedded`` (a private
+    server), checked before the run (a bad one failed with a traceback midway)."""
+    from urllib.parse import urlsplit
+
+    if text != "embedded" and urlsplit(text).scheme not in ("redis", "rediss", "unix"):
+        raise argparse.ArgumentTypeError(
+            f"not a Redis URL (redis://, rediss:// or unix://) or 'embedded': {text!r}")
+    return text
 
 
 def machine_description() -> str:

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import CacheConfig, HeapConfig, RedisConfig
-from ._report import BenchReport
+from ._report import BenchReport, redis_url_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -51,7 +51,7 @@ PAPER_REDIS_ONLY = 12.3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=None,
+    parser.add_argument("--redis-url", default=None, type=redis_url_arg,
                         help="use this Redis instead of starting a private server")
 
 
@@ -430,7 +430,7 @@ def run(args: argparse.Namespace) -> BenchReport:
     report = BenchReport("levels", quick=quick)
     server = None
     url = getattr(args, "redis_url", None)
-    if not url:
+    if not url or url == "embedded":
         server = RedisServer().start()
         url = server.url
     try:

@@ -27,13 +27,13 @@ import shutil
 import tempfile
 from typing import Any
 
-from ._report import BenchReport
+from ._report import BenchReport, redis_url_arg
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", metavar="URL", default=None,
+    parser.add_argument("--redis", metavar="URL", default=None, type=redis_url_arg,
                         help="Redis for the redis-only variant (default: an embedded server)")
 
 
