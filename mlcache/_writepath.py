@@ -175,6 +175,7 @@ class WritePath:
                         encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
         """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
         heap_st = self._cold.stats.levels["heap"]
+        pin_errors = self._cold.pin_errors
         if self._records is not None:
             self._records.note_victims(victims)
         for kb, value, dirty in victims:
@@ -204,6 +205,8 @@ class WritePath:
                         self._pin(kb, value, exc)
                         continue
             heap_st.evictions["dirty"] += 1
+            if pin_errors:
+                pin_errors.pop(kb, None)   # failed at a flush, fixed in place since
             if self._levels:
                 self._wb.enqueue(kb, raw)
             else:

@@ -259,3 +259,27 @@ def test_slotted_objects_are_weighed_with_what_their_slots_hold():
     half = _Slotted(1)
     del half.values   # an unset slot is skipped, not an error
     assert 0 < estimate_size(half) < 32_000
+
+
+def test_a_value_fixed_in_place_and_then_evicted_is_written_and_forgotten(tmp_path):
+    # As above, when the fixed entry leaves the heap as a victim (written down by the
+    # eviction) before the next flush: its old error stayed and every flush and close raised.
+    config = CacheConfig(heap=HeapConfig(max_entries=3, policy="lru"), allow_pickle=False,
+                         levels=(DiskConfig(path=str(tmp_path / "d")),))
+    import pytest
+
+    from mlcache.errors import SerializationError
+
+    m = CacheManager(config)
+    m.put("fine", {"a": 1})
+    m.put("bad", {"a": _Opaque()})   # dict encodes: checked once per type, so taken
+    with pytest.raises(SerializationError, match="bad"):
+        m.flush()
+    m.get("bad")["a"] = 5
+    for i in range(10):
+        m.put(i, {"i": i})   # "bad" leaves the heap, dirty and now encodable
+    assert m._kb("bad") not in m._data
+    m.flush()
+    m.close()
+    with CacheManager(config) as again:
+        assert again.get("bad") == {"a": 5} and again.get(9) == {"i": 9}
