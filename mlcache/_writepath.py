@@ -178,6 +178,21 @@ class WritePath:
         pin_errors = self._cold.pin_errors
         if self._records is not None:
             self._records.note_victims(victims)
+        if not self._levels:
+            # Heap only: nowhere to write, so a victim leaves for good, and encoding it (to
+            # compare, or to write) would only cost: one that cannot be encoded was pinned,
+            # outside the bound, with an error every flush and close() raised.
+            for kb, value, dirty in victims:
+                self._handed.discard(kb)
+                self._digests.pop(kb, None)
+                if pin_errors:
+                    pin_errors.pop(kb, None)
+                if dirty:
+                    heap_st.evictions["dirty"] += 1
+                    heap_st.evictions["dropped"] += 1
+                else:
+                    heap_st.evictions["clean"] += 1
+            return
         for kb, value, dirty in victims:
             self._handed.discard(kb)
             digest = self._digests.pop(kb, None)
@@ -207,11 +222,7 @@ class WritePath:
             heap_st.evictions["dirty"] += 1
             if pin_errors:
                 pin_errors.pop(kb, None)   # failed at a flush, fixed in place since
-            if self._levels:
-                self._wb.enqueue(kb, raw)
-            else:
-                # Heap only: nowhere to write, so a victim leaves for good.
-                heap_st.evictions["dropped"] += 1
+            self._wb.enqueue(kb, raw)
 
     def _pin(self, kb: bytes, value: Any, exc: SerializationError) -> None:
         assert self._heap is not None

@@ -283,3 +283,23 @@ def test_a_value_fixed_in_place_and_then_evicted_is_written_and_forgotten(tmp_pa
     m.close()
     with CacheManager(config) as again:
         assert again.get("bad") == {"a": 5} and again.get(9) == {"i": 9}
+
+
+def test_a_heap_only_cache_drops_victims_it_could_not_encode():
+    # With no level below, a dirty victim was still encoded (to be dropped); one that could
+    # not be encoded (a dict holding a lock, its type seen to encode before) was pinned in the
+    # heap outside the bound instead: a 3-entry heap held 100 entries, and every flush() and
+    # close() raised SerializationError (a close that raises stays open).
+    import threading
+
+    m = CacheManager(CacheConfig(heap=HeapConfig(max_entries=3, policy="lru"), levels=(),
+                                 allow_pickle=False))
+    m.put("fine", {"a": 1})
+    for i in range(100):
+        m.put(i, {"a": threading.Lock()})
+    heap = m.stats()["levels"]["heap"]
+    assert heap["entries"] == 3 and heap["pinned"] == 0
+    assert heap["evictions"]["dropped"] == 98
+    m.flush()
+    m.close()
+    assert m.closed
