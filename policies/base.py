@@ -84,15 +84,21 @@ def _config_error(field: str, message: str) -> Exception:
 
 
 def _check_heavy(weight: Any, capacity: Any) -> None:
-    """For a weight that is not ``0 <= weight <= capacity``: return if it is merely heavier
-    than the capacity (the policy refuses the entry), else raise an error naming it."""
+    """For a weight that compares as a number but is not ``0 <= weight <= capacity``: return if
+    it is merely heavier than the capacity (the policy refuses the entry), else (negative, NaN)
+    raise a ValueError naming it."""
+    if not weight > capacity:
+        raise ValueError(f"weight must be a non-negative number, got {weight!r}")
+
+
+def _check_number(weight: Any) -> None:
+    """In a policy's ``except TypeError`` around its weight test: a weight that does not compare
+    with numbers is named; else the TypeError was not the weight's (the caller re-raises it)."""
     try:
-        if weight > capacity:
-            return
+        weight >= 0  # noqa: B015 - the comparison is the test
     except TypeError:
         raise TypeError(f"weight must be a number, got {type(weight).__name__} {weight!r}"
                         ) from None
-    raise ValueError(f"weight must be a non-negative number, got {weight!r}")
 
 
 def _check_capacity(capacity: Any) -> None:

@@ -32,7 +32,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable, Hashable, Iterable, Iterator
 
-from .base import BasePolicy, _check_capacity, _check_heavy, _config_error, register_policy
+from .base import (BasePolicy, _check_capacity, _check_heavy, _check_number, _config_error,
+                   register_policy)
 
 __all__ = ["DedupPolicy", "namespace_of"]
 
@@ -98,14 +99,14 @@ class DedupPolicy(BasePolicy):
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
         try:
-            fits = 0 <= weight <= self.capacity
-        except TypeError:   # not a number: named by _check_heavy
-            fits = False
-        if not fits:
-            # Heavier than the whole budget: never admitted (the storage refuses it too).
-            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
-            self.remove(key)
-            return [key]
+            if weight > self.capacity or not weight >= 0:
+                # Heavier than the whole budget: never admitted (the storage refuses it too).
+                _check_heavy(weight, self.capacity)   # (or negative/NaN: a ValueError)
+                self.remove(key)
+                return [key]
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         sp = self._home.get(key)
         if sp is not None:
             lru = sp.lru

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable, Iterator
 
-from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, _check_number, register_policy
 
 __all__ = ["LRUPolicy"]
 
@@ -28,13 +28,14 @@ class LRUPolicy(BasePolicy):
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
         try:
-            fits = 0 <= weight <= self.capacity
-        except TypeError:   # not a number: named by _check_heavy
-            fits = False
-        if not fits:        # can never fit: refuse it without emptying the cache
-            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
-            self.remove(key)
-            return [key]
+            if weight > self.capacity or not weight >= 0:
+                # can never fit: refuse it without emptying the cache
+                _check_heavy(weight, self.capacity)   # (or negative/NaN: a ValueError)
+                self.remove(key)
+                return [key]
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         order = self._order
         old = order.get(key)
         if old is not None:

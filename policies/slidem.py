@@ -36,7 +36,7 @@ import itertools
 import numbers
 from typing import Any, Hashable, Iterator
 
-from .base import BasePolicy, _check_capacity, _check_heavy, register_policy
+from .base import BasePolicy, _check_capacity, _check_heavy, _check_number, register_policy
 
 __all__ = ["SlideMPolicy"]
 
@@ -69,15 +69,16 @@ class SlideMPolicy(BasePolicy):
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
         try:
-            fits = 0 <= weight <= self.capacity
-        except TypeError:   # not a number: named by _check_heavy
-            fits = False
-        if not fits:
-            # Heavier than the whole capacity: refused, before it is counted (an infinite
-            # weight counted then taken off left a NaN total that never exceeds the capacity).
-            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
-            self.remove(key)
-            return [key]
+            if weight > self.capacity or not weight >= 0:
+                # Heavier than the whole capacity: refused, before it is counted (an infinite
+                # weight counted then taken off left a NaN total that never exceeds the
+                # capacity).
+                _check_heavy(weight, self.capacity)   # (or negative/NaN: a ValueError)
+                self.remove(key)
+                return [key]
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         old = self._weights.get(key)
         if old is not None:
             self.total_weight -= old

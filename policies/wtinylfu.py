@@ -56,7 +56,8 @@ from typing import Any, Hashable, Iterator
 from mlcache.sketch import FrequencySketch
 
 from ._wtinylfu_miss import _LOST_MAIN, _LOST_WINDOW, _NOKEY, _SAMPLE, _TIE, _WARM, SteadyMiss
-from .base import BasePolicy, _check_capacity, _check_heavy, _config_error, register_policy
+from .base import (BasePolicy, _check_capacity, _check_heavy, _check_number, _config_error,
+                   register_policy)
 
 __all__ = ["WTinyLFUPolicy"]
 
@@ -268,18 +269,18 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
             lost = self._miss(key)
             return lost if type(lost) is list else [lost]
         try:
-            fits = 0 <= weight <= self.capacity
-        except TypeError:   # not a number: named by _check_heavy
-            fits = False
-        if not fits:
-            _check_heavy(weight, self.capacity)   # or a negative/NaN weight: an error
-            pending = self._pending
-            pending[key] = pending.get(key, 0) + 1
-            countdown = self._countdown - 1  # a refused insert is a miss: it counts to a drain
-            self._countdown = countdown
-            if not countdown:
-                self._tick()
-            return [key]
+            if weight > self.capacity or not weight >= 0:
+                _check_heavy(weight, self.capacity)   # (or negative/NaN: a ValueError)
+                pending = self._pending
+                pending[key] = pending.get(key, 0) + 1
+                countdown = self._countdown - 1  # a refused insert is a miss: counts to a drain
+                self._countdown = countdown
+                if not countdown:
+                    self._tick()
+                return [key]
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         if weight != 1:
             self._cold.unit = self._steady = False
             self._victim = _NOKEY
@@ -524,17 +525,18 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
 
     def _update(self, key: Hashable, weight: int) -> list:
         try:
-            fits = 0 <= weight <= self.capacity
-        except TypeError:   # not a number: named by _check_heavy
-            fits = False
-        if not fits:
-            # Checked before the entry's weight changes: a negative or NaN weight is an error,
-            # and one heavier than the capacity leaves without being counted (an infinite
-            # weight counted then taken off left NaN sizes that never exceed a bound again).
-            _check_heavy(weight, self.capacity)
-            self.access(key)
-            self.remove(key)
-            return [key]
+            if weight > self.capacity or not weight >= 0:
+                # Checked before the entry's weight changes: a negative or NaN weight is an
+                # error, and one heavier than the capacity leaves without being counted (an
+                # infinite weight counted then taken off left NaN sizes that never exceed a
+                # bound again).
+                _check_heavy(weight, self.capacity)
+                self.access(key)
+                self.remove(key)
+                return [key]
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         for seg in (self._protected, self._probation, self._window):
             old = seg.get(key)
             if old is not None:
