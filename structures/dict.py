@@ -44,6 +44,7 @@ from collections.abc import (
 from types import MappingProxyType
 from typing import Any
 
+from mlcache.errors import LevelUnavailableError
 from mlcache.keys import check_key
 from mlcache.levels.heap import estimate_size
 
@@ -163,10 +164,25 @@ class CacheableDict(Cacheable, MutableMapping):
         """Ids of the log's chunk entries."""
         return range((self._spilled() + _LOG_CHUNK - 1) // _LOG_CHUNK)
 
-    def _append(self, keys: list[Any]) -> None:
-        """Append keys to the log (the caller saves the metadata)."""
+    def _spill_read(self, count: int) -> Any:
+        """The partly full log chunk that appending ``count`` keys spills the tail into, read
+        (``None`` if there is none). An insert reads it before its first write: a read can fail
+        (a level down) where a write, which goes to the heap, does not, and an insert that
+        failed here after storing its item left it uncounted and out of the order."""
+        hi = self._order()
+        tail = self._meta["tail"]
+        if len(tail) + count < _TAIL_MAX:
+            return None
+        cid, off = divmod(hi - len(tail), _LOG_CHUNK)
+        return list(self._ons.get(cid) or ()) if off else None
+
+    def _append(self, keys: list[Any], first: Any = _MISSING) -> None:
+        """Append keys to the log (the caller saves the metadata); ``first``: what
+        :meth:`_spill_read` gave before the caller's writes."""
         if not keys:
             return
+        if first is _MISSING:
+            first = self._spill_read(len(keys))
         hi = self._order()
         tail = self._meta["tail"]
         tail.extend(keys)
@@ -176,7 +192,7 @@ class CacheableDict(Cacheable, MutableMapping):
         # Spill the tail into the chunks: the first one touched may be partly full.
         s0 = hi + len(keys) - len(tail)
         cid, off = divmod(s0, _LOG_CHUNK)
-        chunk = list(self._ons.get(cid) or ()) if off else []
+        chunk = (first or []) if off else []
         writes = []
         for key in tail:
             chunk.append(key)
@@ -260,14 +276,20 @@ class CacheableDict(Cacheable, MutableMapping):
         self._meta["len"] = len(keys)
         self._save_meta()
 
-    def _added(self, keys: list[Any]) -> None:
-        """``keys`` were just stored and are new: count them and log them."""
+    def _added(self, keys: list[Any], first: Any = _MISSING) -> None:
+        """``keys`` were just stored and are new: count them and log them (``first``: see
+        :meth:`_append`)."""
         self._ver += 1
-        self._append(keys)
+        self._append(keys, first)
         n = self._meta["len"] = self._meta["len"] + len(keys)
         self._save_meta()
         if self._meta["order"] - n > n + _LOG_CHUNK:
-            self._ordered_keys()  # more dead slots than live ones: compact (amortised O(1))
+            # more dead slots than live ones: compact (amortised O(1)). The insert is done;
+            # a level down now only puts the compaction off to a later insert.
+            try:
+                self._ordered_keys()
+            except LevelUnavailableError:
+                pass
 
     def _removed(self, count: int = 1) -> None:
         self._ver += 1
@@ -312,9 +334,10 @@ class CacheableDict(Cacheable, MutableMapping):
         stored = self._store(value)
         with self._lock:
             is_new = not self._ns.contains(key)
+            first = self._spill_read(1) if is_new else None
             self._ns.put(key, stored)
             if is_new:
-                self._added([key])
+                self._added([key], first)
             else:
                 self._ver += 1
 
@@ -365,40 +388,60 @@ class CacheableDict(Cacheable, MutableMapping):
         """Remove and return the last inserted item (LIFO), as dict does."""
         if not self._meta["len"]:
             raise KeyError("popitem(): dictionary is empty")
-        # Walk back from the last slot, cutting each: the first present key met is at its
-        # last slot (every slot after it is dead).
-        while True:
-            key = self._cut_last()
-            if key is _MISSING:   # the levels lost keys the count has: believe the levels
-                self._rewrite([])
-                raise KeyError("popitem(): dictionary is empty")
+        # Walk back from the last slot to the first present key (every slot after it is dead),
+        # reading only; the log is cut and the item deleted once all is read, so a read that
+        # fails (a level down) leaves the dict as it was. (Cutting slot by slot as it walked,
+        # a failed read lost the slots already cut: the keys behind them were then out of the
+        # order, and a later popitem took the dict for empty and zeroed its count.)
+        hi = self._order()
+        tail = self._meta["tail"]
+        spilled = hi - len(tail)
+        chunks: dict[int, list[Any]] = {}
+        pos = hi
+        while pos > 0:
+            pos -= 1
+            if pos >= spilled:
+                key = tail[pos - spilled]
+            else:
+                cid, off = divmod(pos, _LOG_CHUNK)
+                chunk = chunks.get(cid)
+                if chunk is None:
+                    chunk = chunks[cid] = list(self._ons.get(cid) or ())
+                if off >= len(chunk):
+                    continue
+                key = chunk[off]
             value = self._ns.get(key, _MISSING)
             if value is not _MISSING:
-                self._ns.delete(key)
-                self._removed()
-                return key, self._load(value)
+                break
+        else:   # the levels lost keys the count has: believe the levels
+            self._rewrite([])
+            raise KeyError("popitem(): dictionary is empty")
+        self._cut_log(pos, chunks)
+        self._ns.delete(key)
+        self._removed()
+        return key, self._load(value)
 
-    def _cut_last(self) -> Any:
-        """Remove the log's last slot and return its key (``_MISSING`` if the log is empty).
-        An empty tail first takes the last few slots of the last chunk."""
+    def _cut_log(self, pos: int, chunks: dict[int, list[Any]]) -> None:
+        """Cut the log to its first ``pos`` slots; ``chunks`` holds the chunk of slot ``pos``
+        if it is spilled (read by the caller). The last few slots of a cut chunk go to the
+        tail, so that the next popitems cut the tail rather than write the chunk each time."""
         tail = self._meta["tail"]
-        if not tail:
-            hi = self._order()
-            if hi == 0:
-                return _MISSING
-            cid = (hi - 1) // _LOG_CHUNK
-            chunk = self._ons.get(cid) or []
-            k = min(len(chunk), _TAIL_MAX - 1)
-            if len(chunk) > k:
-                self._ons.put(cid, chunk[:len(chunk) - k])
-            else:
-                self._ons.delete(cid)
-            tail = self._meta["tail"] = chunk[len(chunk) - k:]
-            if not tail:
-                self._meta["order"] = cid * _LOG_CHUNK
-                return self._cut_last()
-        self._meta["order"] -= 1
-        return tail.pop()
+        spilled = self._meta["order"] - len(tail)
+        if pos >= spilled:
+            del tail[pos - spilled:]
+        else:
+            cid, off = divmod(pos, _LOG_CHUNK)
+            keep = chunks[cid][:off] if off else []
+            k = min(len(keep), _TAIL_MAX - 1)
+            self._meta["tail"] = keep[len(keep) - k:]
+            keep = keep[:len(keep) - k]
+            last = (spilled + _LOG_CHUNK - 1) // _LOG_CHUNK
+            if keep:
+                self._ons.put(cid, keep)
+            dead = list(range(cid + 1 if keep else cid, last))
+            if dead:
+                self._ons.delete_many(dead)
+        self._meta["order"] = pos
 
     @locked
     def setdefault(self, key: Any, default: Any = None) -> Any:
@@ -406,8 +449,9 @@ class CacheableDict(Cacheable, MutableMapping):
         value = self._ns.get(key, _MISSING)
         if value is not _MISSING:
             return self._load(value)
+        first = self._spill_read(1)
         self._ns.put(key, self._store(default))
-        self._added([key])
+        self._added([key], first)
         return default
 
     def update(self, /, *args: Any, **kwargs: Any) -> None:
@@ -447,10 +491,11 @@ class CacheableDict(Cacheable, MutableMapping):
             return
         keys = list(items)
         present = self._ns.get_many(keys)
-        self._ns.put_many([(k, self._store(v)) for k, v in items.items()])
         new = [k for k in keys if k not in present]
+        first = self._spill_read(len(new)) if new else None
+        self._ns.put_many([(k, self._store(v)) for k, v in items.items()])
         if new:
-            self._added(new)
+            self._added(new, first)
         else:
             self._ver += 1
 

@@ -168,8 +168,13 @@ class CacheableList(Cacheable, MutableSequence):
                 out.extend(chunk[lo:hi])
         return out
 
-    def _write(self, p0: int, items: list[Any]) -> None:
-        """Write ``items`` at physical positions ``p0, p0+1, ...`` (no length change here)."""
+    def _write(self, p0: int, items: list[Any], cut: bool = False) -> None:
+        """Write ``items`` at physical positions ``p0, p0+1, ...`` (no length change here);
+        ``cut``: the list is to end with them, so the last chunk written ends there too.
+
+        Each change to the list reads everything it needs before its first write: a read
+        can fail (a level down) where a write, which goes to the heap, does not, and a change
+        that failed between its writes left the list half changed."""
         if not items:
             return
         self._ver += 1
@@ -191,6 +196,8 @@ class CacheableList(Cacheable, MutableSequence):
                 if len(chunk) < lo:
                     chunk.extend([None] * (lo - len(chunk)))
                 chunk[lo:hi] = part
+                if cut and cid == last:
+                    del chunk[hi:]
             out.append((cid, chunk))
         # the last chunk unchanged before ``p0`` (the tail an extend grows, weighed from the
         # last write of it); ``ver`` is ``_ver`` before this write
@@ -198,8 +205,9 @@ class CacheableList(Cacheable, MutableSequence):
         same = p0 - cid * c if first == last else 0
         self._put_tail(cid, found.get(cid), chunk, max(0, same), self._ver - 1, out)
 
-    def _truncate(self, n: int) -> None:
-        """Keep the first ``n`` elements; drop the rest and the chunks they leave empty."""
+    def _truncate(self, n: int, cut: bool = False) -> None:
+        """Keep the first ``n`` elements; drop the rest and the chunks they leave empty.
+        ``cut``: the chunk of element ``n - 1`` already ends with it (written so)."""
         self._ver += 1
         old = self._span()
         head, c = self._meta["head"], self._meta["chunk"]
@@ -209,12 +217,12 @@ class CacheableList(Cacheable, MutableSequence):
             self._meta["head"] = 0
         else:
             last = (head + n - 1) // c
+            chunk = None if cut else self._chunk(last)   # (read before any write)
             dead = [cid for cid in old if cid > last]
             if dead:
                 self._ns.delete_many(dead)
-            chunk = self._chunk(last)
             keep = head + n - last * c
-            if len(chunk) > keep:
+            if chunk is not None and len(chunk) > keep:
                 del chunk[keep:]
                 self._ns.put(last, chunk)
         self._meta["len"] = n
@@ -224,9 +232,10 @@ class CacheableList(Cacheable, MutableSequence):
         """The list becomes ``self[:start] + items``."""
         n = self._meta["len"]
         new_len = start + len(items)
-        self._write(self._meta["head"] + start, items)
-        if new_len < n:
-            self._truncate(new_len)
+        shorter = new_len < n
+        self._write(self._meta["head"] + start, items, cut=shorter)
+        if shorter:
+            self._truncate(new_len, cut=bool(items))
         else:
             self._meta["len"] = new_len
             self._save_meta()
@@ -256,12 +265,12 @@ class CacheableList(Cacheable, MutableSequence):
         self._ver += 1
         head, c = self._meta["head"], self._meta["chunk"]
         new_head = head + k
+        cid, off = divmod(new_head, c)
+        chunk = self._chunk(cid) if off else None   # (read before any write)
         dead = list(range(head // c, new_head // c))
         if dead:
             self._ns.delete_many(dead)
-        cid, off = divmod(new_head, c)
-        if off:
-            chunk = self._chunk(cid)
+        if chunk is not None:
             lo = max(head, cid * c) - cid * c
             chunk[lo:off] = [None] * (off - lo)
             self._ns.put(cid, chunk)
@@ -389,9 +398,12 @@ class CacheableList(Cacheable, MutableSequence):
             self._add_len(1)
         elif i < n - i:
             front = self._read(0, i)
-            self._meta["head"] -= 1
+            # the metadata changes once the write is done: a write that fails (a level down)
+            # leaves the list as it was (the new head's chunk, if new, is none of the span's)
+            head = self._meta["head"] - 1
+            self._write(head, front + [stored])
+            self._meta["head"] = head
             self._meta["len"] += 1
-            self._write(self._meta["head"], front + [stored])
             self._save_meta()
         else:
             self._replace_from(i, [stored] + self._read(i, n))

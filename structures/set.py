@@ -178,9 +178,16 @@ class CacheableSet(Cacheable, MutableSet):
         flip = {_write_key(e): None for e in other}
         if not flip:
             return
+        # one read, then the writes: a second read between them (a level down) left the
+        # elements removed and none added
         present = self._ns.get_many(list(flip))
-        self._discard_many({k: None for k in present})
-        self._add_many({k: None for k in flip if k not in present})
+        gone = list(present)
+        new = [k for k in flip if k not in present]
+        if gone:
+            self._ns.delete_many(gone)
+        if new:
+            self._ns.put_many([(k, _PRESENT) for k in new])
+        self._add_len(len(new) - len(gone))
 
     def copy(self) -> set[Any]:
         """A plain ``set`` with the current elements."""

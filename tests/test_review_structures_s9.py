@@ -275,3 +275,115 @@ def test_a_forked_child_can_use_a_structure_locked_at_the_fork(tmp_path):
         release.set()
         sorter.join()
         m.close()
+
+
+def test_a_redis_level_down_leaves_each_structure_as_it_was():
+    # Regression: with the heap over Redis and Redis down, a write succeeds (it goes to the
+    # heap) and a read of an evicted entry raises LevelUnavailableError. Changes that read after
+    # their first write were left half done: insert(0, x) moved the head and counted the element
+    # before writing it (then every read of element 0 failed: its chunk was in no level), a
+    # shortening slice assignment or delete wrote and deleted chunks before reading the last one
+    # (elements lost, or the length not cut). Every operation now either raises with the
+    # structure unchanged or completes (dict and set: see the next test).
+    import random
+
+    from mlcache import CacheConfig, CacheManager, HeapConfig, RedisConfig
+    from mlcache._redis_server import RedisServer
+    from mlcache.errors import LevelUnavailableError
+
+    server = RedisServer(appendonly=True).start()
+    try:
+        config = CacheConfig(
+            heap=HeapConfig(max_entries=3, max_bytes=None, policy="lru"),
+            levels=(RedisConfig(url=server.url, retries=0, socket_timeout=0.5),),
+            namespace="down")
+        m = CacheManager(config)
+        lst, d, s = m.list("l", chunk_size=2), m.dict("d"), m.set("s")
+        plain_l, plain_d, plain_s = list(range(30)), {i: i for i in range(30)}, set(range(30))
+        lst.extend(plain_l)
+        d.update(plain_d)
+        s.update(plain_s)
+        m.checkpoint()
+        server.stop()
+        rng = random.Random(5)
+        done = failed = 0
+        for _ in range(300):
+            n, j, k, r = len(plain_l), rng.randrange(-33, 33), rng.randrange(100), rng.randrange(4)
+            ops = [
+                lambda x: x.insert(j, k), lambda x: x.insert(0, k), lambda x: x.append(k),
+                lambda x: x.pop(j % n) if n else None, lambda x: x.pop(0) if n else None,
+                lambda x: x.__delitem__(slice(j, j + 3)),
+                lambda x: x.__setitem__(slice(j, j + 2), [k] * r),
+                lambda x: x.__delitem__(slice(None, None, 3)), lambda x: x.reverse(),
+                lambda x: x.__setitem__(j % n, k) if n else None, lambda x: x.sort(),
+            ]
+            dops = [
+                lambda x: x.__setitem__(k % 45, k), lambda x: x.pop(k % 45, None),
+                lambda x: x.popitem() if x else None, lambda x: x.setdefault(k % 45, -k),
+                lambda x: x.update({k % 45: 1, (k + 1) % 45: 2}),
+            ]
+            sops = [
+                lambda x: x.add(k % 45), lambda x: x.discard(k % 45),
+                lambda x: x.symmetric_difference_update([k % 45, (k + 7) % 45]),
+                lambda x: x.update([k % 45, 50]), lambda x: x.difference_update([k % 45]),
+            ]
+            for ours, model, op in ((lst, plain_l, rng.choice(ops)),
+                                    (d, plain_d, rng.choice(dops)),
+                                    (s, plain_s, rng.choice(sops))):
+                try:
+                    op(ours)
+                except LevelUnavailableError:
+                    failed += 1
+                else:
+                    done += 1
+                    op(model)
+                assert len(ours) == len(model)
+        assert done and failed
+        server.start()
+        assert lst.copy() == plain_l
+        assert list(d.items()) == list(plain_d.items())
+        assert s.copy() == plain_s
+        m.close()
+        with CacheManager(config) as again:
+            assert again.list("l").copy() == plain_l
+            assert list(again.dict("d").items()) == list(plain_d.items())
+            assert again.set("s").copy() == plain_s
+    finally:
+        server.cleanup()
+
+
+def test_popitem_with_a_redis_level_down_keeps_the_order_and_the_count():
+    # Regression: popitem cut the order log's last slot, then read that key's item; with Redis
+    # down the read failed after the cut, so each failed popitem lost the slot of a live key:
+    # with Redis back, popitem returned (19, 'v19') where a dict gives (24, 'v24'), and the
+    # keys out of the log were listed in whatever order the levels gave. (Had the whole log
+    # been cut so, the next popitem took the dict for empty and zeroed its count.) Now it
+    # reads, then cuts.
+    from mlcache import CacheConfig, CacheManager, HeapConfig, RedisConfig
+    from mlcache._redis_server import RedisServer
+    from mlcache.errors import LevelUnavailableError
+
+    server = RedisServer(appendonly=True).start()
+    try:
+        config = CacheConfig(
+            heap=HeapConfig(max_entries=3, max_bytes=None, policy="lru"),
+            levels=(RedisConfig(url=server.url, retries=0, socket_timeout=0.5),),
+            namespace="down-pop")
+        with CacheManager(config) as m:
+            d = m.dict("d")
+            d.update({i: f"v{i}" for i in range(20)})   # a log chunk
+            for i in range(20, 25):
+                d[i] = f"v{i}"                          # the log's tail, in the metadata
+            m.namespace("other").put_many([(i, i) for i in range(6)])   # evicts d's items
+            m.checkpoint()
+            server.stop()
+            for _ in range(8):
+                with pytest.raises(LevelUnavailableError):
+                    d.popitem()
+            assert len(d) == 25
+            server.start()
+            assert len(d) == 25
+            assert d.popitem() == (24, "v24") and d.popitem() == (23, "v23")
+            assert list(d.items()) == [(i, f"v{i}") for i in range(23)]
+    finally:
+        server.cleanup()
