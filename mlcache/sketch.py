@@ -140,6 +140,11 @@ def _int_items_match() -> bool:
 _MARSHAL_INTS = _NP_TUPLE_HASH and _int_items_match()
 
 
+def _negative_count(c: np.ndarray) -> ValueError:
+    # (a negative count wraps round to a saturated counter: {7: -2} read back as 14)
+    return ValueError(f"counts must not be negative, got {int(c.min())}")
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
@@ -295,6 +300,8 @@ class FrequencySketch:
         if _MARSHAL_INTS and type(next(iter(counts))) is int:
             items = _int_items(counts, n)
             if items is not None:
+                if items[1].min() < 0:
+                    raise _negative_count(items[1])
                 self._apply(_tuple_hash2(items[0], self._seed), items[1])
                 return
         if _NP_TUPLE_HASH:  # the same mixed hashes, vectorised (2x faster than tuples)
@@ -305,6 +312,8 @@ class FrequencySketch:
         # instructions a key than np.fromiter's per-item conversion. (Not the hashes: each is
         # a new int, and a tuple of thousands of them costs more in cache misses than it saves.)
         counts_arr = np.frombuffer(bytearray(struct.pack("%dq" % n, *counts.values())), np.int64)
+        if counts_arr.min() < 0:
+            raise _negative_count(counts_arr)
         self._apply(mixed, counts_arr)
 
     def increment_mixed(self, mixed: list[int], counts: list[int] | None = None) -> None:

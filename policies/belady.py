@@ -26,7 +26,7 @@ import bisect
 import heapq
 from typing import Any, Hashable, Iterator, Sequence
 
-from .base import BasePolicy, _check_capacity, _config_error, register_policy
+from .base import BasePolicy, _check_capacity, _check_number, _config_error, register_policy
 
 __all__ = ["BeladyPolicy"]
 
@@ -99,6 +99,12 @@ class BeladyPolicy(BasePolicy):
             self._push(key, entry)
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
+        try:
+            if not weight >= 0:  # NaN or negative: the total would stop bounding anything
+                raise ValueError(f"weight must be a non-negative number, got {weight!r}")
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         entry = self._entries.get(key)
         if entry is not None:
             self.total_weight += weight - entry[1]

@@ -341,6 +341,10 @@ class _PolicyCache(cachetools.Cache):
         policy = self._policy
         if type(getattr(policy, "_victim", None)) is object:
             policy._victim = _NOKEY
+        # The bound methods kept on the cache (_move, _logged, _access, ...) were copied bound
+        # to the copies of the policy's dicts made while copying the cache's own state, which
+        # a deep copy may pair with another policy object than the copy's: bind them afresh.
+        self._bind()
 
     def _insert_one(self, key: Hashable) -> list:
         return self._policy.insert(key, 1)

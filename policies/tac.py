@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Hashable, Iterator
 
-from .base import BasePolicy, _check_capacity, register_policy
+from .base import BasePolicy, _check_capacity, _check_number, register_policy
 
 __all__ = ["TACPolicy"]
 
@@ -150,6 +150,12 @@ class TACPolicy(BasePolicy):
             entry[1] = self._seq
 
     def insert(self, key: Hashable, weight: int = 1, ts: float | None = None) -> list:
+        try:
+            if not weight >= 0:  # NaN or negative: the total would stop bounding anything
+                raise ValueError(f"weight must be a non-negative number, got {weight!r}")
+        except TypeError:
+            _check_number(weight)   # a weight that is not a number is named
+            raise
         entry = self._entries.get(key)
         if entry is not None:
             self.total_weight += weight - entry[2]

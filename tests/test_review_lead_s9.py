@@ -1,0 +1,72 @@
+"""Regression tests for defects found in session 9's policy review (fixed by the lead)."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from mlcache.policies import get_policy
+from mlcache.policies.cachetools_compat import TinyLFUCache
+from mlcache.sim import zipf
+from mlcache.sketch import FrequencySketch
+
+
+def _memoize(cache, keys) -> int:
+    hits = 0
+    for k in keys:
+        try:
+            cache[k]
+            hits += 1
+        except KeyError:
+            cache[k] = k
+    return hits
+
+
+def test_deep_copied_tinylfu_cache_is_independent_of_the_original():
+    # The copy's hit path (the protected segment's move_to_end and the hit log, kept bound on
+    # the cache) stayed bound to the original's structures: the copy's hits reordered the
+    # original, and the two then decided differently on the same requests.
+    keys = list(zipf(30_000, n_keys=5_000, alpha=0.9, seed=3).keys)
+    original = TinyLFUCache(200)
+    _memoize(original, keys[:10_000])
+    twin = copy.deepcopy(original)
+    assert twin._move.__self__ is twin._policy._protected
+    assert twin._logged.__self__ is twin._policy._cold.log
+    assert _memoize(original, keys[10_000:]) == _memoize(twin, keys[10_000:])
+    assert dict(original.items()) == dict(twin.items())
+
+
+@pytest.mark.parametrize("counts", [{7: -2}, {"a": -1}, {7: 1, 8: -3}])
+def test_sketch_increment_counts_refuses_negative_counts(counts):
+    # {7: -2} wrapped round to a saturated counter: the estimate read back was 14
+    sketch = FrequencySketch(100)
+    before = bytes(sketch.table)
+    with pytest.raises(ValueError, match="must not be negative"):
+        sketch.increment_counts(counts)
+    assert bytes(sketch.table) == before
+    assert sketch.frequency(7) == 0
+
+
+@pytest.mark.parametrize("name", ["tac", "belady"])
+@pytest.mark.parametrize("weight", [math.nan, -1, -0.5])
+def test_tac_and_belady_refuse_nan_and_negative_weights(name, weight):
+    # A NaN weight made total_weight NaN, which never exceeds the capacity: the policy then
+    # held any number of entries; a negative one made room that was never there.
+    options = {"trace": [1, 2, 3, 1, 2, 3]} if name == "belady" else {}
+    policy = get_policy(name)(2, **options)
+    policy.insert(1)
+    with pytest.raises(ValueError, match="non-negative number"):
+        policy.insert(2, weight)
+    assert list(policy.keys()) == [1] and policy.total_weight == 1
+    policy.insert(2)
+    assert policy.insert(3) != [] and len(policy) <= 2
+
+
+@pytest.mark.parametrize("name", ["tac", "belady"])
+def test_tac_and_belady_name_a_weight_that_is_not_a_number(name):
+    options = {"trace": [1, 2]} if name == "belady" else {}
+    policy = get_policy(name)(2, **options)
+    with pytest.raises(TypeError, match="weight must be a number, got str"):
+        policy.insert(1, "3")
+    assert len(policy) == 0 and policy.total_weight == 0
