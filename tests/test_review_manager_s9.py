@@ -303,3 +303,25 @@ def test_a_heap_only_cache_drops_victims_it_could_not_encode():
     m.flush()
     m.close()
     assert m.closed
+
+
+def test_slots_are_read_without_a_getattr_and_enum_members_weigh_nothing():
+    # The slot walk reads each slot through its descriptor: an unset slot of a class whose
+    # __getattr__ loads things lazily is skipped without calling it. Enum members are shared
+    # singletons like None: a UUID (whose is_safe slot holds one) weighed 2,480 bytes once
+    # slots were walked, most of it the enum member's __dict__.
+    import enum
+    import uuid
+
+    class Lazy:
+        __slots__ = ("a",)
+
+        def __getattr__(self, name):
+            raise AssertionError(f"__getattr__({name!r}) called while weighing")
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    assert 0 < estimate_size(Lazy()) < 100
+    assert estimate_size(Colour.RED) == 0
+    assert estimate_size(uuid.uuid4()) < 200

@@ -22,6 +22,7 @@ them on the next flush).
 from __future__ import annotations
 
 import collections
+import enum
 import inspect
 import sys
 from typing import Any, Hashable, Iterator, cast
@@ -41,7 +42,8 @@ _SPLIT = {t: sys.getsizeof(t()) for t in (list, dict, set, frozenset, bytearray)
 _SHARED = (type(None), bool)   # singletons: a reference costs nothing
 # containers walked by isinstance when not of an exact type above (subclasses, deque)
 _CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque)
-_SLOT_NAMES: dict[type, tuple[str, ...]] = {}   # see _slot_names
+_SLOTS: dict[type, tuple[Any, ...]] = {}   # slot descriptors by class, see _slots_of
+_MEMBER = type(type("_S", (), {"__slots__": ("x",)}).__dict__["x"])   # a slot's descriptor
 
 
 def _alloc(n: int) -> int:
@@ -100,15 +102,18 @@ def estimate_size(value: Any, _depth: int = 0) -> int:
         # a subclass (Counter, defaultdict, OrderedDict) or a deque: its contents too, not
         # only its table (a defaultdict(list) of 1,000 lists weighed 26 KB for 458 KB)
         size += _contents_size(value, _depth)
-    names = _SLOT_NAMES.get(t)
-    if names is None:
-        names = _slot_names(t)
-    for name in names:
+    if isinstance(t, enum.EnumMeta):
+        return 0   # an enum member is a singleton, shared like None (its __dict__ is big)
+    slots = _SLOTS.get(t)
+    if slots is None:
+        slots = _slots_of(t)
+    for slot in slots:
         # __slots__ hold their values outside any __dict__ (a dataclass(slots=True) record
-        # of a 1,000-float list weighed 48 bytes for 32 KB)
+        # of a 1,000-float list weighed 48 bytes for 32 KB); read through the slot itself, so
+        # an unset one raises AttributeError without calling a __getattr__
         try:
-            size += estimate_size(getattr(value, name), _depth + 1)
-        except Exception:   # unset (AttributeError) or a failing property-like slot
+            size += estimate_size(slot.__get__(value, t), _depth + 1)
+        except Exception:
             pass
     try:
         attrs = getattr(value, "__dict__", None)
@@ -119,26 +124,14 @@ def estimate_size(value: Any, _depth: int = 0) -> int:
     return size
 
 
-def _slot_names(t: type) -> tuple[str, ...]:
-    """The attribute names ``t``'s ``__slots__`` (and its bases') keep values under, at most
+def _slots_of(t: type) -> tuple[Any, ...]:
+    """The slot descriptors of ``t`` and its bases (the members ``__slots__`` made), at most
     ``_SAMPLE`` of them; remembered per type."""
-    names: list[str] = []
-    for klass in t.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        if isinstance(slots, str):
-            slots = (slots,)
-        try:
-            for name in slots:
-                if not isinstance(name, str) or name in ("__dict__", "__weakref__"):
-                    continue
-                if name.startswith("__") and not name.endswith("__"):
-                    name = f"_{klass.__name__.lstrip('_')}{name}"   # a private name, mangled
-                names.append(name)
-        except TypeError:
-            continue
-    if len(_SLOT_NAMES) >= 4096:   # classes made on the fly: keep the memo bounded
-        _SLOT_NAMES.clear()
-    out = _SLOT_NAMES[t] = tuple(names[:_SAMPLE])
+    slots = [member for klass in t.__mro__ for member in vars(klass).values()
+             if type(member) is _MEMBER]
+    if len(_SLOTS) >= 4096:   # classes made on the fly: keep the memo bounded
+        _SLOTS.clear()
+    out = _SLOTS[t] = tuple(slots[:_SAMPLE])
     return out
 
 
