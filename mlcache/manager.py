@@ -324,14 +324,21 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         policy update; replaying up to ``_READ_BATCH`` hits late changes recency by that much.
         Hits with an event time (``ts``) are buffered apart and replayed with it.
         """
-        items = self._reads
-        timed = self._reads_ts
-        if not items and not timed:
+        reads = self._reads
+        reads_ts = self._reads_ts
+        if not reads and not reads_ts:
             return
-        # Swap, don't pop: a hit racing with the swap may land in the old list after it was
-        # replayed and be forgotten -- a lost recency update, never a lost value.
-        self._reads = []
-        self._reads_ts = []
+        # Taken in place, never swapped for new lists: a hit thread holds the list it read
+        # from self._reads and appends after this (no lock on the hit path). An append to a
+        # swapped-out list after its replay was lost, and with it the key's mark as handed
+        # out, so a flush() missed a change made in place to that value. A slice and a del
+        # are each atomic under the GIL: an append between them lands past n and stays.
+        n = len(reads)
+        items = reads[:n]
+        del reads[:n]
+        n = len(reads_ts)
+        timed = reads_ts[:n]
+        del reads_ts[:n]
         access = self._access
         for kb in items:
             access(kb)  # type: ignore[misc]
@@ -495,8 +502,8 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             self._data.clear()
             self._digests.clear()
             self._handed.clear()
-            self._reads = []
-            self._reads_ts = []
+            self._reads.clear()   # in place: see _apply_reads
+            self._reads_ts.clear()
 
     # -- flush listeners: the record cache (heap policy "dedup", mlcache.recordcache) ----------
 

@@ -70,3 +70,30 @@ def test_tac_and_belady_name_a_weight_that_is_not_a_number(name):
     with pytest.raises(TypeError, match="weight must be a number, got str"):
         policy.insert(1, "3")
     assert len(policy) == 0 and policy.total_weight == 0
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_a_hit_appended_after_the_read_buffer_was_replayed_is_not_lost(tmp_path, timed):
+    # The hit path takes no lock: it reads the buffer list, then appends to it. The replay
+    # swapped in new lists, so an append that came after the swap went to a list nobody read
+    # again: the key was never marked as handed out, and a flush() missed a change made in
+    # place to its value. The buffer is now emptied in place.
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+
+    config = CacheConfig(heap=HeapConfig(max_entries=100), levels=(DiskConfig(path=str(tmp_path)),))
+    with CacheManager(config) as m:
+        m.put("a", [1])
+        m.put("b", [0])
+        m.flush()                                   # nothing is marked as handed out now
+        kb = m._kb("a")
+        m.get("b", ts=1.0 if timed else None)       # a hit buffered: the replay has work
+        held = m._reads_ts if timed else m._reads   # what a hit thread read before the replay
+        with m._lock:
+            m._apply_reads()
+        held.append((kb, 5.0) if timed else kb)    # its append, after the replay
+        with m._lock:
+            m._apply_reads()
+        assert kb in m._handed
+        m._data[kb].append(2)                       # the caller changes the value in place
+        m.flush()                                   # written down with the change
+        assert m._codec.decode(m._levels[-1].get_many([kb])[0]) == [1, 2]
