@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
 from mlcache.levels.heap import _SAMPLE, _alloc, estimate_size
+from mlcache.manager import CacheManager
 
 __all__ = ["Cacheable", "StructureRef", "META_NAMESPACE", "open_structure", "list_structures"]
 
@@ -46,6 +47,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 # manager -> {(kind, name): live structure}; weak on both sides so neither keeps the other.
 _LIVE: "weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary]" = weakref.WeakKeyDictionary()
 _LIVE_LOCK = threading.RLock()
+# kind -> the class that opens it (the first class to claim the kind: a user's subclass of
+# CacheableDict does not take "dict" over)
+_KINDS: dict[str, type["Cacheable"]] = {}
 
 
 def _after_fork() -> None:
@@ -92,7 +96,15 @@ class StructureRef:
 
 def open_structure(manager: Any, kind: str, name: str, **options: Any) -> "Cacheable":
     """Return the structure ``kind``/``name`` of ``manager``: the live object if there is
-    one, else the registered factory's (for kinds registered by other modules, e.g. windows)."""
+    one, else the registered factory's (for kinds registered by other modules, e.g. windows).
+
+    Over anything but a CacheManager (a Spark partition scope, whose ``structure`` is this
+    function) a kind of this package opens through its class: through ``manager.structure``
+    it recursed until RecursionError for every structure nested in a scope's state whose
+    object was not alive (each task's scope is new)."""
+    cls = _KINDS.get(kind)
+    if cls is not None and not isinstance(manager, CacheManager):
+        return cls.open(manager, name, **options)
     with _LIVE_LOCK:
         live = _LIVE.get(manager)
         if live is not None:
@@ -156,6 +168,11 @@ class Cacheable:
     # worked out here, else None (see :func:`weighed_puts`)
     _put_weighed: Callable[..., None] | None
     _meta_w: tuple[dict[str, Any], int, int] | None   # (the metadata, its size, fixed part)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            _KINDS.setdefault(cls.kind, cls)
 
     def __init__(self, manager: Any, name: str | None = None, **options: Any) -> None:
         raise TypeError(f"open a {type(self).__name__} with manager.{self.kind}(name) or "

@@ -415,3 +415,34 @@ def test_lists_hold_no_chunk_outside_the_heap_budget(tmp_path):
         assert m.stats()["levels"]["heap"]["bytes"] <= budget
         assert held < 2 * budget, f"{held / 2**20:.1f} MB held with a {budget >> 20} MB heap"
         assert all(lst[254] == bytes(1000) + bytes([254]) for lst in lists)
+
+
+def test_a_structure_nested_in_a_partition_scope_opens_again(tmp_path):
+    # Regression: reading a reference to a structure nested in a Spark partition scope's state
+    # went open_structure -> scope.structure -> open_structure ... until RecursionError whenever
+    # the nested structure's object was not alive, which is every time in the next task (each
+    # task makes a new scope).
+    import gc
+
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+    from mlcache.integrations.spark._scope import PartitionScope
+    from mlcache.structures import CacheableList, CacheableSet
+
+    config = CacheConfig(heap=HeapConfig(max_entries=8, max_bytes=None),
+                         levels=(DiskConfig(path=str(tmp_path)),), namespace="scope")
+    with CacheManager(config) as m:
+        scope = PartitionScope(m, "st", 0, None, "task-1")
+        state = scope.dict("risk")
+        history = CacheableList.open(scope, "history")
+        history.extend([1, 2])
+        seen = CacheableSet.open(scope)
+        seen.add("a")
+        state["card"] = history
+        state["seen"] = seen
+        del history, seen
+        gc.collect()
+        assert state["card"].copy() == [1, 2] and state["seen"] == {"a"}
+        m.flush()
+        later = PartitionScope(m, "st", 0, None, "task-2").dict("risk")
+        later["card"].append(3)
+        assert later["card"].copy() == [1, 2, 3] and "a" in later["seen"]
