@@ -372,16 +372,28 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         have changed a shared level; returns the number of copies forgotten."""
         self._check_open()
         prefix = self._prefix if namespace is None else self.namespace(namespace)._prefix
+        # A structure's contents under the prefix go with its metadata (kept apart, in the
+        # structures' own namespace), and the live object reads it again below: with its old
+        # copy it would not see another process's changes, and its next write would have
+        # saved that copy over them.
+        from mlcache.structures.base import live_under
+
+        structs = live_under(self, prefix)
+        metas = {o._metans._kb((o.kind, o._name)) for o in structs}
         # the arenas first: the heap's drop below also forgets reads in flight, which may have
         # read an arena copy
         forgotten = self._forget_arena_copies(prefix)
+        for kb in metas:
+            forgotten += self._forget_arena_copies(kb)
         heap = self._heap
         if heap is None:
+            self._reload_structures(structs)
             return forgotten
         with self._lock:
             self._apply_reads()
             drop = [kb for kb in heap.data
-                    if kb.startswith(prefix) and kb not in heap.dirty and kb not in heap.pinned]
+                    if (kb.startswith(prefix) or kb in metas)
+                    and kb not in heap.dirty and kb not in heap.pinned]
             victims = []
             for kb in drop:
                 value, _ = heap.remove(kb)  # type: ignore[misc]
@@ -394,8 +406,17 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             self._wb.forget_reads()
         if self._prefetcher is not None:
             self._prefetcher.drop_staged(prefix)
+            for kb in metas:
+                self._prefetcher.drop_staged(kb)
         self._wb.ensure_writers()
+        self._reload_structures(structs)
         return forgotten + len(drop)
+
+    @staticmethod
+    def _reload_structures(structs: list) -> None:
+        for obj in structs:   # each under its own lock, none of the manager's held
+            with obj._lock:
+                obj._reload_meta()
 
     def _forget_arena_copies(self, prefix: bytes) -> int:
         wb = self._wb

@@ -114,6 +114,15 @@ def open_structure(manager: Any, kind: str, name: str, **options: Any) -> "Cache
     return manager.structure(kind, name, **options)
 
 
+def live_under(manager: Any, prefix: bytes) -> list["Cacheable"]:
+    """The live structures of ``manager`` whose contents are keys starting with ``prefix``
+    (what ``invalidate_local`` forgets for that prefix)."""
+    with _LIVE_LOCK:
+        live = _LIVE.get(manager)
+        objs = list(live.values()) if live is not None else []
+    return [o for o in objs if o._ns._prefix.startswith(prefix)]
+
+
 def _check_name(name: Any) -> str:
     if name is None:
         return uuid.uuid4().hex
@@ -312,6 +321,19 @@ class Cacheable:
     def _empty_meta(self) -> dict[str, Any]:
         """The in-memory metadata of this structure emptied (options kept)."""
         return {**self._meta, "len": 0}
+
+    def _reload_meta(self) -> None:
+        """Read the metadata again, as stored now (lock held): after ``invalidate_local``
+        another process's changes replace this object's copy, which a write would otherwise
+        have saved over them. Missing (the structure was dropped): empty, options kept."""
+        meta = self._metans.get((self.kind, self._name))
+        self._meta = dict(meta) if meta is not None else self._empty_meta()
+        self._meta_w = None
+        self._ver += 1
+        self._forget_written()
+
+    def _forget_written(self) -> None:
+        """Drop what this object remembers of its own last writes (a subclass's caches)."""
 
     def flush(self) -> None:
         """Write this structure's dirty entries to the next level (the manager's flush)."""

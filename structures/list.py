@@ -69,6 +69,9 @@ class CacheableList(Cacheable, MutableSequence):
     def _attach(self) -> None:
         self._chunk_w = None
 
+    def _forget_written(self) -> None:
+        self._chunk_w = None
+
     def _new_meta(self, chunk_size: int = DEFAULT_CHUNK_SIZE) -> dict[str, Any]:  # type: ignore[override]
         _check_chunk_size(chunk_size)
         return {"len": 0, "head": 0, "chunk": chunk_size}

@@ -97,3 +97,31 @@ def test_a_hit_appended_after_the_read_buffer_was_replayed_is_not_lost(tmp_path,
         m._data[kb].append(2)                       # the caller changes the value in place
         m.flush()                                   # written down with the change
         assert m._codec.decode(m._levels[-1].get_many([kb])[0]) == [1, 2]
+
+
+@pytest.mark.parametrize("kind", ["dict", "list", "set"])
+def test_invalidate_local_of_a_structure_reads_another_process_changes(tmp_path, kind):
+    # A live structure kept its own copy of its metadata (length, order, chunks): after
+    # invalidate_local it still showed its old length, and its next write saved that copy
+    # over the other process's changes, hiding them for good. Two managers on one store
+    # stand for two processes.
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+
+    config = CacheConfig(heap=HeapConfig(max_entries=100), levels=(DiskConfig(path=str(tmp_path)),))
+    with CacheManager(config) as a, CacheManager(config) as b:
+        sa = getattr(a, kind)("s")
+        a.flush()                                   # made by one process, then opened by both
+        sb = getattr(b, kind)("s")
+        assert len(sb) == 0
+        for i in range(10):
+            sa.append(i) if kind == "list" else sa.add(i) if kind == "set" else sa.__setitem__(i, i)
+        a.flush()
+        b.invalidate_local(sb.uid)
+        assert len(sb) == 10
+        sb.append(10) if kind == "list" else sb.add(10) if kind == "set" else sb.__setitem__(10, 10)
+        b.flush()
+        a.invalidate_local(sa.uid)
+        expected = {i: i for i in range(11)} if kind == "dict" else list(range(11))
+        for s in (sa, sb):
+            got = dict(s) if kind == "dict" else sorted(s) if kind == "set" else list(s)
+            assert got == expected
