@@ -89,7 +89,8 @@ class _Cold:
     put new state here unless the hit or put path reads it."""
 
     __slots__ = ("closing", "good_types", "hits", "last_checkpoint_id", "level_names", "loading",
-                 "memo_total", "namespaces", "pin_errors", "stats", "structures", "weighers")
+                 "memo_total", "namespaces", "pin_errors", "stats", "structures", "weighers",
+                 "weak_structures")
 
     memo_total: int  # key memo entries charged to the heap budget (see HeapBudget)
     level_names: list[str]  # the byte levels' names in stats, fastest first
@@ -98,8 +99,14 @@ class _Cold:
     pin_errors: dict[bytes, SerializationError]  # dirty entries that could not be encoded
     good_types: set[type]  # value types seen to encode (see WritePath._put_items)
     loading: dict[bytes, _Load]  # fetches in flight, by key
-    namespaces: dict[str, Namespace]
+    # Held weakly: a namespace lives while something uses it (a structure holds its own), and
+    # so does a structure that keeps all its state in the manager (``_held_weakly``: this
+    # package's kinds); one nested in a value is opened again when read again. Held strongly,
+    # every one ever resolved stayed for the manager's life, outside the heap budget. Other
+    # registered kinds (any object a factory returns) are kept, as before.
+    namespaces: "weakref.WeakValueDictionary[str, Namespace]"
     structures: dict[tuple[str, str], Any]
+    weak_structures: "weakref.WeakValueDictionary[tuple[str, str], Any]"
     # (namespace prefix, weigh(value) -> int | None): see CacheManager._weigh_with
     weighers: list[tuple[bytes, Callable[[Any], int | None]]]
     last_checkpoint_id: Any
@@ -184,8 +191,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._cold.pin_errors = {}
         self._cold.good_types = set()
         self._cold.loading = {}
-        self._cold.namespaces = {}
+        self._cold.namespaces = weakref.WeakValueDictionary()
         self._cold.structures = {}
+        self._cold.weak_structures = weakref.WeakValueDictionary()
         # (namespace prefix, weigh(value) -> int | None): structures whose values carry their
         # own size (quadtree nodes) spare the heap a walk over each value loaded from below
         self._cold.weighers = []
@@ -577,8 +585,11 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         if factory is None:
             raise ConfigError("structure", f"unknown structure kind {kind!r}; "
                                            f"registered: {sorted(_STRUCTURES)}")
+        key = (kind, name)
         with self._lock:
-            obj = self._cold.structures.get((kind, name))
+            obj = self._cold.weak_structures.get(key)
+            if obj is None:
+                obj = self._cold.structures.get(key)
         if obj is not None:
             # open already: options given again must still match what it was made with
             # (a quadtree's bounds, page_levels), exactly as a reopen after close() checks them
@@ -590,8 +601,10 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         # wait for io_lock; holding self._lock meanwhile deadlocks with a writer thread that
         # holds io_lock and wants self._lock. Build outside, keep the first one built.
         obj = factory(self, name, **kw)
+        weak = getattr(type(obj), "_held_weakly", False)
         with self._lock:
-            return self._cold.structures.setdefault((kind, name), obj)
+            table = self._cold.weak_structures if weak else self._cold.structures
+            return table.setdefault(key, obj)
 
     def dict(self, name: str, **kw: Any) -> Any:
         return self.structure("dict", name, **kw)

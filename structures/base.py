@@ -165,6 +165,9 @@ class Cacheable:
     # and two threads interleaving those steps lost appends and counted a key twice.
     __slots__ = ("_manager", "_name", "_ns", "_metans", "_meta", "_ver", "_put_weighed",
                  "_meta_w", "_lock", "__weakref__")
+    # All its state is in the manager (the metadata is saved on every change): the manager
+    # holds it weakly, and one not in use is opened again when needed.
+    _held_weakly = True
     # the slots' types, for mypy (annotations only: the slots are the storage)
     _manager: Any
     _name: str

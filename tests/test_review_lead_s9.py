@@ -125,3 +125,34 @@ def test_invalidate_local_of_a_structure_reads_another_process_changes(tmp_path,
         for s in (sa, sb):
             got = dict(s) if kind == "dict" else sorted(s) if kind == "set" else list(s)
             assert got == expected
+
+
+def test_nested_structures_are_not_kept_for_the_managers_life(tmp_path):
+    # Every structure resolved from a stored reference stayed in the manager's tables (and
+    # its namespace with it) until close: ~4 MB per 5,000 nested sets outside the heap's
+    # budget, growing with every key of a job that keeps a set per key. They are held weakly
+    # now: alive while used, opened again (same contents) when read again.
+    import gc
+
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig
+    from mlcache.structures import CacheableSet
+
+    config = CacheConfig(heap=HeapConfig(max_entries=300), levels=(DiskConfig(path=str(tmp_path)),))
+    with CacheManager(config) as m:
+        cards = m.dict("cards")
+        for i in range(500):
+            s = CacheableSet.open(m)
+            s.add(i)
+            cards[i] = s
+        del s
+        for i in range(500):
+            cards[i].add(-i)
+        gc.collect()
+        assert len(m._cold.structures) < 10 and len(m._cold.namespaces) < 10
+        assert all(set(cards[i]) == {i, -i} for i in range(0, 500, 7))
+        held = cards[3]
+        assert cards[3] is held and m.dict("cards") is cards   # one object while it is used
+        held.add(99)
+        del held
+        gc.collect()
+        assert set(cards[3]) == {3, -3, 99}

@@ -388,10 +388,12 @@ def test_quadtree_namespaces_keep_no_key_memo_and_take_no_share_of_the_budget(tm
     with CacheManager(config) as m:
         m.quadtree("first", BOUNDS).insert(1.0, 1.0)
         capacity, memo_total = m._heap.capacity, m._cold.memo_total
+        trees = []   # kept open (the manager holds structures and namespaces weakly)
         for i in range(40):
             qt = m.quadtree(f"t{i}", BOUNDS, capacity=2)
             qt.insert_many([(float(j % 64), float(j * 7 % 64), j) for j in range(20)])
             assert qt.verify() > 1
+            trees.append(qt)
         assert (m._heap.capacity, m._cold.memo_total) == (capacity, memo_total)
         assert m.namespace("quadtree:t3")._memo_max == 0
 
