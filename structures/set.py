@@ -24,6 +24,7 @@ from .dict import _BAD, _key, _write_key
 __all__ = ["CacheableSet"]
 
 _PRESENT = 1
+_POP_KEEP = 4096   # elements of a listing kept for the next pops
 
 
 def _lookup(elem: Any) -> Any:
@@ -39,7 +40,17 @@ class CacheableSet(Cacheable, MutableSet):
 
     kind = "set"
     _meta_counts = ("len",)   # the metadata is weighed from its length (see Cacheable)
-    __slots__ = ()
+    # Elements of the last listing not yet popped (at most ``_POP_KEEP``), each checked to be
+    # still a member when its turn comes: pop() listed every key of the namespace (a scan of
+    # the heap and each level) to take one, O(len) a pop, where set.pop is O(1).
+    __slots__ = ("_pop_keys",)
+    _pop_keys: list[Any]
+
+    def _attach(self) -> None:
+        self._pop_keys = []
+
+    def _forget_written(self) -> None:
+        self._pop_keys = []
 
     @classmethod
     def _from_iterable(cls, it: Iterable[Any]) -> set[Any]:
@@ -99,10 +110,21 @@ class CacheableSet(Cacheable, MutableSet):
 
     @locked
     def pop(self) -> Any:
-        for elem in self._ns.keys():
-            self.remove(elem)
-            return elem
-        raise KeyError("pop from an empty set")
+        keys = self._pop_keys
+        listed = False
+        while True:
+            while keys:
+                elem = keys.pop()
+                if self._ns.contains(elem):
+                    self._ns.delete(elem)
+                    self._add_len(-1)
+                    return elem
+            if listed:
+                raise KeyError("pop from an empty set")
+            # one listing serves the next _POP_KEEP pops (a bounded share of it is kept, so a
+            # big set holds no copy of its members outside the heap budget)
+            keys = self._pop_keys = list(self._ns.keys())[-_POP_KEEP:]
+            listed = True
 
     @locked
     def clear(self) -> None:
