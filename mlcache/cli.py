@@ -99,6 +99,21 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Whoever read the output stopped (`mlcache inspect cfg.json --json | head`): end
+        # quietly as cat or grep do, not with a traceback. Python's own flush of stdout at
+        # exit would fail the same way, so stdout goes to /dev/null first.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 128 + 13   # what a shell reports for a process ended by SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["simulate"]:
         # argparse's REMAINDER drops a leading "--option"; hand the rest over untouched.

@@ -1,0 +1,82 @@
+"""Session 10 review, the user's journey: README -> getting started -> tutorials -> how-tos ->
+the ``mlcache`` command, followed as written. Each test is a step that did not work as a user
+would expect it to."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from mlcache.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _cli(args, *, cwd, env_extra=None, stdout=subprocess.PIPE, timeout=180):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-c", "import sys; from mlcache.cli import main; "
+                                             "sys.exit(main())", *args],
+                          cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+
+
+# -- `mlcache ... | head`: a reader that stops early ------------------------------------------
+
+def _closed_pipe():
+    """A pipe whose reading end is already closed: every write to the other end fails with
+    EPIPE, as when `head` has read what it wanted and exited."""
+    r, w = os.pipe()
+    os.close(r)
+    return w
+
+
+@pytest.mark.parametrize("args", [
+    ["inspect", "cfg.json", "--json"],
+    ["simulate", "--trace", "gen:zipf", "--requests", "2000", "--sizes", "10",
+     "--policies", "lru", "--no-plot", "--no-progress", "--csv", "sim.csv"],
+], ids=["inspect", "simulate"])
+def test_output_piped_into_a_reader_that_stopped_is_no_traceback(tmp_path, args):
+    """`mlcache inspect cfg.json --json | head -1` (and the demo's report, stats --json ...)
+    ended in a BrokenPipeError traceback: now quiet, exit status 141 as a shell reports for a
+    process that SIGPIPE ended."""
+    (tmp_path / "cfg.json").write_text(
+        '{"heap": {"max_entries": 10}, "levels": [{"type": "disk", "path": "d"}]}')
+    w = _closed_pipe()
+    try:
+        proc = _cli(args, cwd=tmp_path, stdout=w,
+                    env_extra={"MLCACHE_HOME": str(tmp_path / "home")})
+    finally:
+        os.close(w)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141
+
+
+# -- mlcache demo --redis with a URL that is not one -------------------------------------------
+
+def test_demo_local_with_a_bad_redis_url_leaves_no_directory(tmp_path, monkeypatch, capsys):
+    """`mlcache demo --local --redis localhost:6379` refused the URL (exit 2) after making
+    its temporary disk directory, which was left behind, empty, on every such run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)     # read TMPDIR again
+    assert main(["demo", "--quick", "--local", "--redis", "localhost:6379"]) == 2
+    assert "redis.url" in capsys.readouterr().err
+    assert list(tmp.iterdir()) == []
+
+
+def test_demo_spark_with_a_bad_redis_url_is_refused_before_spark_starts(tmp_path):
+    """The Spark demo (the default, without --local) started a Spark session, wrote its
+    input files and only then refused the URL, leaving its working directory behind; the URL
+    is now refused first (no Spark, nothing written)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _cli(["demo", "--quick", "--redis", "localhost:6379"], cwd=tmp_path,
+                env_extra={"TMPDIR": str(tmp), "MLCACHE_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 2, proc.stderr
+    assert "redis.url" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp.iterdir()) == []
