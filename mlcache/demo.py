@@ -113,18 +113,24 @@ def run_local(*, events: int = 300_000, cards: int = 75_000, redis: str | None =
     distinct = int(np.unique(stream["card"]).size)
     state_bytes = distinct * _state_size()
     heap_budget = max(16_384, int(state_bytes * heap_fraction))
-    own_dir = disk_path is None
-    path = disk_path or tempfile.mkdtemp(prefix="mlcache-demo-")
     levels: list[LevelConfig] = []
     redis_level = None
     if redis:
+        # (before the directory is made: a URL refused here left an empty one behind)
         levels.append(RedisConfig(url=redis, prefix=f"mlcache-demo-{uuid.uuid4().hex[:8]}"))
-    levels.append(DiskConfig(path=path))
-    config = CacheConfig(heap=HeapConfig(max_bytes=heap_budget), levels=tuple(levels),
-                         namespace="demo")
+    own_dir = disk_path is None
+    path = disk_path or tempfile.mkdtemp(prefix="mlcache-demo-")
+    try:
+        levels.append(DiskConfig(path=path))
+        config = CacheConfig(heap=HeapConfig(max_bytes=heap_budget), levels=tuple(levels),
+                             namespace="demo")
+        cache = CacheManager(config)
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     tally = np.bincount(stream["card"], minlength=cards)
     alerts = 0
-    cache = CacheManager(config)
     metrics = bar = None
     failed = True
     try:
@@ -249,6 +255,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     [--metrics-port PORT]``."""
     quick = bool(getattr(args, "quick", False))
     redis = getattr(args, "redis", None) or os.environ.get("MLCACHE_DEMO_REDIS")
+    if redis:
+        # A URL the Redis level refuses is refused now, before Spark starts (the Spark job
+        # found it seconds later and left its working directory behind).
+        RedisConfig(url=redis)
     if not getattr(args, "local", False):
         spark_main = _spark_demo()
         if spark_main is not None:
