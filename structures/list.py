@@ -10,8 +10,9 @@ shifting every chunk by one as a plain list does. A chunk entry is a Python list
 
 Everything else that moves elements (insert or delete in the middle, slice assignment, sort,
 reverse) reads the affected part, changes it as a plain list would, and writes it back with
-one batched ``get_many``/``put_many``; an insert or delete in the front half shifts the front
-part instead of the tail. Errors are exactly list's (``IndexError('list index out of range')``
+one batched ``get_many``/``put_many``; an insert, delete or slice assignment in the front half
+shifts the front part instead of the tail, and a slice assignment of as many elements as it
+replaces moves none. Errors are exactly list's (``IndexError('list index out of range')``
 and friends).
 """
 from __future__ import annotations
@@ -342,8 +343,22 @@ class CacheableList(Cacheable, MutableSequence):
         start, stop, step = s.indices(n)
         if step == 1:
             stop = max(start, stop)
-            tail = self._read(stop, n)
-            self._replace_from(start, new + tail)
+            shift = stop - start - len(new)   # how far the elements around the slice move
+            if shift == 0:
+                # as many as it replaces: nothing moves (it rewrote the whole tail)
+                self._write(self._meta["head"] + start, new)
+            elif start < n - stop:
+                # the front is the shorter side: it moves, as insert and delete do
+                head = self._meta["head"] + shift
+                self._write(head, self._read(0, start) + new)
+                if shift > 0:
+                    self._advance_head(shift)
+                else:
+                    self._meta["head"] = head
+                    self._meta["len"] -= shift
+                    self._save_meta()
+            else:
+                self._replace_from(start, new + self._read(stop, n))
             return
         idx = range(start, stop, step)
         if len(new) != len(idx):
