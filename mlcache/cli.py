@@ -27,7 +27,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     names = bench.add_subparsers(dest="bench", required=True, metavar="NAME")
     for name in (*BENCHMARKS, "all"):
         p = names.add_parser(name, help=f"the {name} benchmark" if name != "all" else "every benchmark")
-        p.add_argument("--quick", action="store_true", help="same shape, smaller scale (< 2 min)")
+        p.add_argument("--quick", action="store_true",
+                       help="same shape, smaller scale (< 2 min)" if name != "all" else
+                       "every benchmark at its --quick scale (< 2 min each)")
         p.add_argument("--json", metavar="PATH", help="write results and goals as JSON")
         if name == "all":
             p.add_argument("--report", metavar="DIR", help="write a Markdown report with plots")
