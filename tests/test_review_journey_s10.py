@@ -118,3 +118,43 @@ def test_a_nan_or_infinite_value_does_not_outlive_its_tuple(bad, shape):
         assert r.count == 10 and r.sum == 10.0 and r.avg == 1.0, r
     finally:
         w.close()
+
+
+@pytest.mark.xfail(strict=True, reason="structures/_window_arrival.py extend(): a time window's "
+                                       "batch without ts is read as (record, ts) pairs and the "
+                                       "error names a shape the caller never passed")
+def test_time_window_extend_without_timestamps_says_so():
+    """The tutorial's VWAP window fed a batch as a count window is fed, `extend(ticks)`: the
+    error said `got an array of shape (5,)` for a (5, 3) array (the batch was taken for
+    (record, ts) pairs and split), nothing about the missing timestamps."""
+    import numpy as np
+
+    from mlcache.structures import SlidingWindow
+
+    w = SlidingWindow(60.0, columns=("symbol", "price", "volume"), value="price", block_size=4096)
+    try:
+        with pytest.raises((ValueError, TypeError)) as info:
+            w.extend(np.ones((5, 3)))
+        text = str(info.value)
+        assert "(5,)" not in text and ("ts" in text or "timestamp" in text), text
+    finally:
+        w.close()
+
+
+@pytest.mark.xfail(strict=True, reason="structures/_window_arrival.py append(): no ts on a time "
+                                       "window is a TypeError naming a private method")
+def test_time_window_append_without_timestamp_names_the_argument():
+    """`vwap.append((1, 101.0, 200))` on a time window: TypeError
+    `WindowArrival._append_time() missing 1 required positional argument: 'ts'`, a private
+    method's signature; a time window needs ts=, as its extend() says for a bad one."""
+    from mlcache.structures import SlidingWindow
+
+    w = SlidingWindow(60.0, columns=("symbol", "price", "volume"), value="price", block_size=4096)
+    try:
+        with pytest.raises((ValueError, TypeError)) as info:
+            w.append((1, 101.0, 200))
+        assert "_append" not in str(info.value) and "ts" in str(info.value), str(info.value)
+        w.append((1, 101.0, 200), ts=1.0)       # and nothing was changed by the refusal
+        assert w.result().count == 1
+    finally:
+        w.close()
