@@ -86,7 +86,12 @@ class RedisEpochStore:
                                      ("ssl_keyfile", cfg.ssl_keyfile)) if v}
         self._client = redis.Redis.from_url(cfg.url, socket_timeout=cfg.socket_timeout,
                                             socket_connect_timeout=cfg.socket_timeout, **tls)
-        self._base = f"{cfg.prefix}:spark:{namespace}"
+        # Outside the Redis level's key space (``prefix:`` followed by a stored key), as the
+        # level keeps its own accounting (``prefix`` NUL ``bytes``): under ``prefix:spark:``
+        # these hashes were taken for stored values, so a bounded level's first write failed
+        # on them (WRONGTYPE from its STRLEN scan, every flush of every task) and an unbounded
+        # level's used_bytes (stats) came out None.
+        self._base = f"{cfg.prefix}\x00spark:{namespace}"
         try:
             self._client.ping()
         except Exception as exc:
