@@ -5,6 +5,8 @@ the stateful-PySpark tutorial, each compared with the same aggregation in plain 
   key space: a Redis level with ``max_bytes`` took them for stored values, so the first write of
   every task failed (WRONGTYPE from the level's STRLEN scan), and an unbounded level's
   ``used_bytes`` in ``stats()`` came out None.
+- A config without a level shared between worker processes (heap only, arena only) was accepted
+  by ``SparkCache`` and failed every task on the executors.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 from pyspark import cloudpickle
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
+from mlcache.config import ArenaConfig
+from mlcache.errors import ConfigError
 from mlcache.integrations.spark import SparkCache, open_epoch_store
 
 pytestmark = pytest.mark.spark
@@ -73,3 +77,11 @@ def test_the_epoch_store_stays_outside_the_redis_levels_key_space(redis_url, uni
         assert store.last_committed("s") == 3
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("levels", [(), (ArenaConfig(max_bytes=1 << 20),)],
+                         ids=["heap-only", "arena-only"])
+def test_a_config_no_worker_can_share_is_refused_on_the_driver(levels):
+    cfg = CacheConfig(heap=HeapConfig(max_entries=10, max_bytes=None), levels=levels)
+    with pytest.raises(ConfigError, match="levels: Spark state needs a level shared"):
+        SparkCache(cfg, name="s")

@@ -31,7 +31,8 @@ from mlcache.errors import ConfigError, LevelUnavailableError
 
 T = TypeVar("T")
 
-__all__ = ["EpochStore", "RedisEpochStore", "DiskEpochStore", "open_epoch_store", "redact_url"]
+__all__ = ["EpochStore", "RedisEpochStore", "DiskEpochStore", "open_epoch_store", "shared_level",
+           "redact_url"]
 
 _ACQUIRE = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
@@ -217,16 +218,25 @@ class DiskEpochStore:
         self._cache.close()
 
 
-def open_epoch_store(config: CacheConfig) -> Any:
-    """The store in the config's shared level: its first Redis level, else its disk level."""
+def shared_level(config: CacheConfig) -> RedisConfig | DiskConfig:
+    """The level the epoch store lives in: the config's first Redis level, else its disk
+    level; :class:`ConfigError` naming ``levels`` when it has neither."""
     for level in config.levels:
         if isinstance(level, RedisConfig):
-            if level.url == "embedded":
-                raise ConfigError("redis.url", "'embedded' starts a private server per process; "
-                                  "resolve it on the driver first (SparkCache does)")
-            return RedisEpochStore(level, config.namespace)
+            return level
     for level in config.levels:
         if isinstance(level, DiskConfig):
-            return DiskEpochStore(level, config.namespace)
+            return level
     raise ConfigError("levels", "Spark state needs a level shared between worker processes "
                       "(redis or disk); a heap-only or arena-only config cannot be coherent")
+
+
+def open_epoch_store(config: CacheConfig) -> Any:
+    """The store in the config's shared level: its first Redis level, else its disk level."""
+    level = shared_level(config)
+    if isinstance(level, RedisConfig):
+        if level.url == "embedded":
+            raise ConfigError("redis.url", "'embedded' starts a private server per process; "
+                              "resolve it on the driver first (SparkCache does)")
+        return RedisEpochStore(level, config.namespace)
+    return DiskEpochStore(level, config.namespace)
