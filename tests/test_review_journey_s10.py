@@ -184,3 +184,30 @@ def test_redis_without_its_password_says_a_password_is_needed():
         assert "password" in text and "url" in text, text
     finally:
         server.cleanup()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["spark", "local"])
+def test_demo_with_no_redis_server_there_is_one_line_before_anything_starts(tmp_path, local):
+    """`mlcache demo --redis redis://host:port` with no server there: the Spark demo (the
+    default) started Spark, wrote its input and failed ~55 s later with 350 lines of Spark and
+    Python tracebacks (exit 1), leaving its working directory; now one line naming the level
+    and the URL, exit 2, as --local already did, and nothing made."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    proc = _cli(["demo", "--quick", "--redis", url, *(["--local"] if local else [])],
+                cwd=tmp_path, env_extra={"TMPDIR": str(tmp),
+                                         "MLCACHE_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("mlcache demo:")]
+    assert len(lines) == 1 and "redis" in lines[0] and url in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert list(tmp.iterdir()) == []
