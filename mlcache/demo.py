@@ -264,6 +264,22 @@ def _check_redis(config: RedisConfig) -> None:
         level.close()
 
 
+def _check_port(port: int | None) -> None:
+    """Raise :class:`ConfigError` if the exporter could not listen on ``127.0.0.1:port``
+    (bound and released at once, with the reuse flag the exporter's server sets)."""
+    if not port:
+        return
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError("metrics_port", f"cannot serve on port {port}: "
+                                              f"{exc.strerror or exc}") from None
+
+
 def main(args: argparse.Namespace | None = None) -> int:
     """Entry point of ``mlcache demo [--quick] [--redis URL|embedded] [--local]
     [--metrics-port PORT]``."""
@@ -274,6 +290,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         # before Spark starts: the Spark job found either out later (a server not there after
         # ~55 s, as 350 lines of Spark and Python tracebacks) and left its directory behind.
         _check_redis(RedisConfig(url=redis, prefix=f"mlcache-demo-{uuid.uuid4().hex[:8]}"))
+    # (likewise a port in use: the Spark demo's exporter raised OSError with a traceback)
+    _check_port(getattr(args, "metrics_port", None))
     if not getattr(args, "local", False):
         spark_main = _spark_demo()
         if spark_main is not None:

@@ -211,3 +211,22 @@ def test_demo_with_no_redis_server_there_is_one_line_before_anything_starts(tmp_
     assert len(lines) == 1 and "redis" in lines[0] and url in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert list(tmp.iterdir()) == []
+
+
+def test_spark_demo_with_its_metrics_port_in_use_is_one_line(tmp_path):
+    """`mlcache demo --metrics-port P` (the Spark demo) with P taken: an OSError traceback
+    from the exporter after Spark had started and the input was written (exit 1, the
+    working directory left); --local said it in one line. Now one line, exit 2, nothing made."""
+    import socket
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = _cli(["demo", "--quick", "--metrics-port", str(port)], cwd=tmp_path,
+                    env_extra={"TMPDIR": str(tmp), "MLCACHE_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and f"port {port}" in proc.stderr
+    assert list(tmp.iterdir()) == []
