@@ -7,6 +7,9 @@ the stateful-PySpark tutorial, each compared with the same aggregation in plain 
   ``used_bytes`` in ``stats()`` came out None.
 - A config without a level shared between worker processes (heap only, arena only) was accepted
   by ``SparkCache`` and failed every task on the executors.
+- The embedded Redis a SparkCache starts on the driver was stopped by an atexit hook only: a
+  driver ended by SIGTERM (a cluster manager, ``kill``) or SIGKILL left the redis-server
+  running, with its directory, for good.
 - Not fixed here (levels/redis.py, writeback.py; xfail below): a bounded Redis level removes its
   victims before the level below holds them, so another process reads an older copy meanwhile:
   lost updates in a Spark job with Redis(max_bytes) + disk on local[2].
@@ -88,6 +91,49 @@ def test_a_config_no_worker_can_share_is_refused_on_the_driver(levels):
     cfg = CacheConfig(heap=HeapConfig(max_entries=10, max_bytes=None), levels=levels)
     with pytest.raises(ConfigError, match="levels: Spark state needs a level shared"):
         SparkCache(cfg, name="s")
+
+
+_DRIVER = """
+import sys, time
+from mlcache import CacheConfig, RedisConfig
+from mlcache.integrations.spark import _conf, prepare_for_executors
+cfg = prepare_for_executors(CacheConfig(levels=(RedisConfig(url="embedded", prefix="d"),)))
+print(cfg.levels[0].url.rsplit(":", 1)[1].split("/")[0], _conf._servers["d"].directory, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_the_embedded_redis_does_not_outlive_a_killed_driver(sig):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port, directory = driver.stdout.readline().split()
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=5):
+            pass                                        # the server runs
+        driver.send_signal(getattr(signal, sig))        # exit hooks never run
+        driver.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"redis-server on port {port} outlived its driver ({sig})")
+        while os.path.exists(directory) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(directory)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
 
 
 @pytest.mark.xfail(strict=True, reason=(
