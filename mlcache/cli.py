@@ -113,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError):
             pass
         return 128 + 13   # what a shell reports for a process ended by SIGPIPE
+    except KeyboardInterrupt:
+        # Ctrl-C: the demo and the benchmarks clean up on the way out (their finally blocks);
+        # the user asked for it, so one line, not the traceback of wherever the job was
+        print("mlcache: interrupted", file=sys.stderr)
+        return 128 + 2
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -252,3 +252,29 @@ def test_spark_demo_leaves_the_redis_it_was_given_as_it_found_it(spark, redis_ur
     finally:
         client.close()
     assert left == [], f"{len(left)} keys left, e.g. {left[:3]}"
+
+
+def test_ctrl_c_in_the_demo_is_one_line_and_cleans_up(tmp_path):
+    """Ctrl-C in `mlcache demo` printed the KeyboardInterrupt traceback of wherever the job
+    was (a SQLite read of the disk level, say); the demo's cleanup ran, and still does, but
+    the user sees one line and the shell's status for SIGINT."""
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), MLCACHE_HOME=str(tmp_path / "home"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from mlcache.cli import main; sys.exit(main())",
+         "demo", "--local"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not any(tmp.iterdir()) and time.monotonic() < deadline:   # the job has started
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "mlcache: interrupted" in err, err[-2000:]
+    assert list(tmp.iterdir()) == []
