@@ -131,9 +131,18 @@ def _main(argv: Sequence[str] | None) -> int:
         from .stats_cli import main as stats_main
 
         return stats_main(args_list[1:])
-    parser = argparse.ArgumentParser(prog="mlcache", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="mlcache", description="A multi-level cache for stateful Python and PySpark jobs: "
+        "run the demo, the benchmarks or the policy simulator, look at what a configuration's "
+        "levels hold, or read a running exporter's figures. `mlcache COMMAND --help` for each.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the main demo job on the embedded default")
+    demo = sub.add_parser(
+        "demo", help="run the main demo job on the embedded default",
+        description="Synthetic card transactions through a per-card risk state ten times the "
+        "heap budget, heap -> disk (or heap -> Redis -> disk with --redis): a Structured "
+        "Streaming job on Spark local[2] when PySpark is installed, else (or with --local) one "
+        "process. Prints what each level did and checks the state against an independent "
+        "tally.")
     demo.add_argument("--quick", action="store_true", help="a smaller run")
     demo.add_argument("--redis", metavar="URL", help="add a Redis level: a URL or 'embedded'")
     demo.add_argument("--local", action="store_true", help="single process, no Spark")
