@@ -332,3 +332,30 @@ def test_from_env_refuses_an_allow_pickle_it_cannot_read():
     with pytest.raises(ConfigError) as info:
         CacheConfig.from_env({"MLCACHE_ALLOW_PICKLE": "ture"})
     assert "MLCACHE_ALLOW_PICKLE" in str(info.value)
+
+
+# -- prefetching over a cacheable dict ---------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason="structures/dict.py has no _prefetch_target: prefetching "
+                                       "encodes the dict's keys with the plain namespace's rules")
+@pytest.mark.parametrize("as_key", [float, "numpy"], ids=["float", "numpy-int64"])
+def test_prefetching_over_a_dict_takes_the_keys_the_dict_takes(tmp_path, as_key):
+    """Keyed prefetching tutorial: `cache=` may be a cacheable dict, 'the keys are then that
+    object's keys'. The dict takes 2.0 and numpy.int64(2) as the key 2, as a dict does (a
+    pandas column's ids are numpy integers); prefetching over it raised RecordKeyError
+    'unsupported key type' at record 0 for the same keys, so `state[row.user]` worked and
+    `prefetching(rows, key=lambda r: r.user, cache=state)` did not."""
+    import numpy as np
+
+    from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, prefetching
+
+    conv = float if as_key is float else np.int64
+    cfg = CacheConfig(heap=HeapConfig(policy="tac", max_entries=50, max_bytes=None),
+                      levels=(DiskConfig(path=str(tmp_path / "d")),))
+    with CacheManager(cfg) as m:
+        state = m.dict("profiles")
+        state.update({u: {"tier": u % 3} for u in range(300)})
+        ids = [conv(u) for u in range(300)]
+        assert state[ids[2]] == {"tier": 2}
+        tiers = [state[u]["tier"] for u in prefetching(ids, key=lambda u: u, cache=state)]
+        assert tiers == [u % 3 for u in range(300)]
