@@ -56,6 +56,11 @@ class KeyFunctionError(CacheError, ValueError):
 # The batch id (and flush sinks) of the foreach_batch call running in this driver thread:
 # a partition function pickled while it runs carries them to the executors.
 _driver = threading.local()
+# The foreach_batch calls running in any driver thread, each with its cache's (name, config):
+# a function of that cache pickled in another thread (a pool the batch function hands its jobs
+# to, where neither the thread-local context nor Spark's local property reaches) belongs to it.
+_running: list["batch_context"] = []
+_running_lock = threading.Lock()
 
 
 class batch_context:
@@ -77,14 +82,27 @@ class batch_context:
     def __enter__(self) -> "batch_context":
         self._saved = getattr(_driver, "ctx", None)
         _driver.ctx = self
+        if self.owner is not None:
+            with _running_lock:
+                _running.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _driver.ctx = self._saved
+        if self.owner is not None:
+            with _running_lock:
+                _running.remove(self)
 
 
-def current_batch() -> batch_context | None:
-    return getattr(_driver, "ctx", None)
+def current_batch(spec: "PartitionSpec | None" = None) -> batch_context | None:
+    """The batch a function pickled now runs in: the foreach_batch call of this driver thread,
+    else (given the function's ``spec``) the one its own cache runs in another thread."""
+    ctx = getattr(_driver, "ctx", None)
+    if ctx is not None or spec is None:
+        return ctx
+    with _running_lock:
+        mine = [c for c in _running if c.owner == (spec.scope, spec.config)]
+    return mine[-1] if mine else None
 
 
 def _short(obj: Any) -> str:
@@ -483,7 +501,9 @@ class PartitionFunction:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        ctx = current_batch()
+        # (not for a pandas UDF: Spark pickles it once, on first use, and a batch found in
+        # another thread would stay with it, where only the local property can tell the batch)
+        ctx = current_batch(None if self.__dict__.get("_pickled_once") else self.spec)
         if ctx is not None and self.spec.batch_id is None:
             state["spec"] = replace(self.spec, batch_id=ctx.batch_id,
                                     listeners=self.spec.listeners + ctx.sinks_for(self.spec),
@@ -511,6 +531,8 @@ def as_pandas_udf(pf: PandasFunction, user_fn: Callable[..., Any], return_type: 
     if not params or params[0] not in hints or "return" not in hints:
         raise TypeError(f"{_fn_name(user_fn)} needs type hints on its first parameter and its "
                         "return, e.g. (batches: Iterator[pd.Series], state) -> Iterator[pd.Series]")
+
+    pf._pickled_once = True     # type: ignore[attr-defined]  # see PartitionFunction.__getstate__
 
     def batches_udf(batches):  # type: ignore[no-untyped-def]
         return pf(batches)
