@@ -451,7 +451,15 @@ class CacheConfig:
         names = env.get("MLCACHE_LEVELS") or ("redis,disk" if redis_url else "")
         if names:
             levels: list[dict[str, Any]] = []
-            for name in (n.strip() for n in names.split(",") if n.strip()):
+            kinds = [n.strip() for n in names.split(",") if n.strip()]
+            if "levels" not in overrides:
+                # a setting for a level the list leaves out would be dropped without a word
+                for var, kind in (("MLCACHE_REDIS_URL", "redis"), ("MLCACHE_DISK_PATH", "disk")):
+                    if env.get(var) and kind not in kinds:
+                        raise ConfigError(var, f"is set, but MLCACHE_LEVELS={names!r} has no "
+                                               f"{kind} level to use it: add {kind} to "
+                                               f"MLCACHE_LEVELS or unset {var}")
+            for name in kinds:
                 if name not in LEVEL_KINDS:
                     raise ConfigError("MLCACHE_LEVELS", f"unknown level {name!r}; known: {sorted(LEVEL_KINDS)}")
                 spec: dict[str, Any] = {"type": name}
@@ -467,8 +475,16 @@ class CacheConfig:
             data["namespace"] = env["MLCACHE_NAMESPACE"]
         if env.get("MLCACHE_SIGNING_KEY"):
             data["signing_key"] = env["MLCACHE_SIGNING_KEY"].encode()
-        if env.get("MLCACHE_ALLOW_PICKLE"):
-            data["allow_pickle"] = env["MLCACHE_ALLOW_PICKLE"].lower() in ("1", "true", "yes")
+        raw = env.get("MLCACHE_ALLOW_PICKLE")
+        if raw:
+            flag = raw.strip().lower()
+            if flag in ("1", "true", "yes", "on"):
+                data["allow_pickle"] = True
+            elif flag in ("0", "false", "no", "off"):
+                data["allow_pickle"] = False
+            else:
+                raise ConfigError("MLCACHE_ALLOW_PICKLE",
+                                  f"not a boolean: {raw!r} (use 1/true/yes/on or 0/false/no/off)")
         data.update(overrides)
         return cls.from_dict(data)
 

@@ -304,8 +304,6 @@ def test_a_bytearray_value_comes_back_a_bytearray_after_eviction(tmp_path):
 
 # -- configuration from the environment ------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="mlcache/config.py CacheConfig.from_env drops "
-                                       "MLCACHE_REDIS_URL when MLCACHE_LEVELS has no redis")
 def test_from_env_does_not_drop_a_redis_url_silently():
     """Getting started: from_env lets a job be pointed at another Redis without code changes.
     With MLCACHE_LEVELS=disk (left from another run) and MLCACHE_REDIS_URL set, the URL was
@@ -321,8 +319,6 @@ def test_from_env_does_not_drop_a_redis_url_silently():
         assert any(getattr(lv, "url", None) == env["MLCACHE_REDIS_URL"] for lv in config.levels)
 
 
-@pytest.mark.xfail(strict=True, reason="mlcache/config.py CacheConfig.from_env reads any value "
-                                       "of MLCACHE_ALLOW_PICKLE but 1/true/yes as False")
 def test_from_env_refuses_an_allow_pickle_it_cannot_read():
     """MLCACHE_ALLOW_PICKLE=ture (or 'on', 'enabled') was read as False, silently: values
     msgpack cannot carry were then refused at put; every other MLCACHE_ number that does not
@@ -332,6 +328,22 @@ def test_from_env_refuses_an_allow_pickle_it_cannot_read():
     with pytest.raises(ConfigError) as info:
         CacheConfig.from_env({"MLCACHE_ALLOW_PICKLE": "ture"})
     assert "MLCACHE_ALLOW_PICKLE" in str(info.value)
+    assert CacheConfig.from_env({"MLCACHE_ALLOW_PICKLE": "on"}).allow_pickle is True
+    assert CacheConfig.from_env({"MLCACHE_ALLOW_PICKLE": "off"}).allow_pickle is False
+
+
+def test_from_env_does_not_drop_a_disk_path_silently(tmp_path):
+    """The same for MLCACHE_DISK_PATH beside an MLCACHE_LEVELS without disk; a keyword
+    override of the levels replaces both, so the environment's path is not an error then."""
+    from mlcache import CacheConfig, ConfigError
+
+    env = {"MLCACHE_LEVELS": "redis", "MLCACHE_REDIS_URL": "redis://cache:6379/0",
+           "MLCACHE_DISK_PATH": str(tmp_path)}
+    with pytest.raises(ConfigError) as info:
+        CacheConfig.from_env(env)
+    assert "MLCACHE_DISK_PATH" in str(info.value)
+    config = CacheConfig.from_env(env, levels=[{"type": "disk", "path": str(tmp_path / "d")}])
+    assert [lv.path for lv in config.levels] == [str(tmp_path / "d")]
 
 
 # -- prefetching over a cacheable dict ---------------------------------------------------------
