@@ -371,3 +371,15 @@ def test_prefetching_over_a_dict_takes_the_keys_the_dict_takes(tmp_path, as_key)
         assert state[ids[2]] == {"tier": 2}
         tiers = [state[u]["tier"] for u in prefetching(ids, key=lambda u: u, cache=state)]
         assert tiers == [u % 3 for u in range(300)]
+
+
+def test_python_dash_m_mlcache_is_the_command():
+    """`python -m mlcache` failed ('No module named mlcache.__main__') where the `mlcache`
+    script is not on PATH, e.g. an interpreter used without activating its virtualenv."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "mlcache", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "simulate" in proc.stdout and "demo" in proc.stdout
