@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from ._versioned import BatchView, PlainView
+from ._versioned import BatchView, PlainMetaView, PlainView
 
 __all__ = ["PartitionScope", "partition_prefix"]
 
@@ -52,8 +52,12 @@ class PartitionScope:
             if self._on_namespace is not None:
                 self._on_namespace(full)
             ns = self.manager.namespace(full)
-            view = (BatchView(ns, self.batch_id, self.attempt) if self.batch_id is not None
-                    else PlainView(ns))
+            if self.batch_id is not None:
+                view = BatchView(ns, self.batch_id, self.attempt)
+            else:
+                from mlcache.structures.base import META_NAMESPACE
+
+                view = PlainMetaView(ns) if name == META_NAMESPACE else PlainView(ns)
             view._prefetch_target = _target(self.manager, ns)
             self._views[name] = view
         return view

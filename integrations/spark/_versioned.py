@@ -40,7 +40,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator
 
 from mlcache.errors import CacheError
 
-__all__ = ["MARK", "BatchView", "PlainView", "unwrap", "ReplayError"]
+__all__ = ["MARK", "BatchView", "PlainView", "PlainMetaView", "unwrap", "ReplayError"]
 
 MARK = "\x00mlcache.v1"
 _ABSENT = b""
@@ -129,6 +129,29 @@ class PlainView:
         # Without a batch there is no "before" to report: old is None.
         for key in self._written:
             yield key, self.ns.get(key), None
+
+
+class PlainMetaView(PlainView):
+    """A plain run's view of the structures' metadata, where a state written inside
+    ``foreach_batch`` shows: its records, which a run without a batch id cannot read (a dict
+    opened over them failed with "dictionary update sequence element #0 has length 11")."""
+
+    def _check(self, key: Hashable, value: Any) -> Any:
+        if _is_record(value):
+            raise ReplayError(
+                f"state {key!r} is written by foreach_batch (batch {value[1]}); a run without a "
+                "batch id cannot read it: run the function inside the foreach_batch function, "
+                "or bind it to a batch with .for_batch(batch_id)", key=key)
+        return value
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        return self._check(key, self.ns.get(key, default))
+
+    def get_many(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
+        found = self.ns.get_many(list(keys))
+        for key, value in found.items():
+            self._check(key, value)
+        return found
 
 
 class BatchView:
