@@ -129,7 +129,10 @@ def _port(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlcache stats", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="mlcache stats",
+                                     description="Scrape a running exporter (mlcache demo "
+                                     "--metrics-port PORT, or mlcache.metrics.serve in\nyour "
+                                     "job) and print its figures per level.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("--url", help="the /metrics URL of an exporter")
