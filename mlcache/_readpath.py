@@ -327,10 +327,13 @@ class ReadPath:
         if seq is None:
             with self._lock:
                 seq = wb.wseq
-        found, timings = self._read_levels(keys)
+        lost: list[tuple[int, bytes]] = []
+        found, timings = self._read_levels(keys, lost=lost)
         values = self._decode_all(found)
         with self._lock:
             if wb.wseq == seq and seq % 2 == 0:
+                if lost and not prefetch:
+                    self._raise_lost(lost)
                 self._resolve(keys, found, values, timings, out, ts, prefetch, True)
                 if load is not None and loading is not None:
                     _unmark(keys, load, loading)
@@ -342,6 +345,8 @@ class ReadPath:
             if moved is not None:
                 keep = [kb for kb in keys if kb not in moved]
                 if keep:
+                    if lost and not prefetch:
+                        self._raise_lost([(i, kb) for i, kb in lost if kb not in moved])
                     self._resolve(keep, found, values, timings, out, ts, prefetch)
                     if len(keep) == len(keys):
                         return False
@@ -350,16 +355,58 @@ class ReadPath:
         # them again while no write can run.
         with wb.io_lock:
             origin: dict[bytes, str] = {}
-            found, timings = self._read_levels(keys, origin)
+            lost = []
+            found, timings = self._read_levels(keys, origin, lost)
             values = self._decode_all(found, origin)
             with self._lock:
+                if lost and not prefetch:
+                    self._raise_lost(lost)
                 self._resolve(keys, found, values, timings, out, ts, prefetch, True)
         return False
 
-    def _read_levels(self, keys: list[bytes], origin: dict[bytes, str] | None = None
+    def _raise_lost(self, lost: list[tuple[int, bytes]]) -> None:
+        """Lock held, no write overlapping the read of ``lost``: raise for the keys a level
+        lost (see ``_read_levels``) that were not written or deleted meanwhile (their new
+        state answers)."""
+        data, wb = self._data, self._wb
+        queued = wb.buffer.pending[0] if wb.levels else {}
+        lost = [(i, kb) for i, kb in lost
+                if kb not in data and kb not in wb.tombstones and kb not in queued
+                and kb in wb.newer[i]]
+        if lost:
+            raise self._lost_error(lost, "read")
+
+    def _lost_error(self, lost: list[tuple[int, bytes]], op: str) -> IntegrityError:
+        """The error for entries written to a level above the last and gone from it since:
+        ``lost`` holds ``(level index, byte key)``."""
+        names = self._cold.level_names
+        i, kb = lost[0]
+        key = self._describe_key(kb)
+        shown = ", ".join(repr(self._describe_key(k)) for _, k in lost[:5])
+        more = f" and {len(lost) - 5} more" if len(lost) > 5 else ""
+        why = ("lost by the server (restarted without its data, evicted under its own "
+               "maxmemory, or flushed)")
+        if op == "read":
+            return IntegrityError(
+                f"{names[i]} level, key {key!r}: written there and not checkpointed below, and "
+                f"now gone, {why}; put or delete the key to go on (the next checkpoint() "
+                f"reports every such key, after which reads return the older copy below, if "
+                f"any)", level=names[i], key=key)
+        return IntegrityError(
+            f"checkpoint: {len(lost)} entries written to the {names[i]} level and not yet "
+            f"copied below are gone from it, {why}: {shown}{more}; everything else is "
+            f"checkpointed, and the levels below keep these keys' previous versions, if any",
+            level=names[i], key=key)
+
+    def _read_levels(self, keys: list[bytes], origin: dict[bytes, str] | None = None,
+                     lost: list[tuple[int, bytes]] | None = None
                      ) -> tuple[dict[bytes, bytes], list[tuple]]:
         """First level holding each key answers; a level's buffer is consulted just above it.
-        ``origin`` (when given) receives the name of the level each found key came from."""
+        ``origin`` (when given) receives the name of the level each found key came from.
+        A key an unbounded level above the last misses although it holds the key newer than
+        the level below (``WriteBack.newer``) is not read below (that copy is older): it
+        is left out of the result and added to ``lost`` (when given) as ``(level, key)``,
+        to raise once the caller knows no write overlapped the read."""
         found: dict[bytes, bytes] = {}
         timings = []
         remaining = keys
@@ -409,6 +456,11 @@ class ReadPath:
             timings.append((self._cold.level_names[i], elapsed, n_hits, n_rest))
             if i < last and n_rest:
                 remaining = [kb for kb, raw in zip(remaining, values) if raw is None]
+                newer = self._wb.newer[i]
+                if newer and not newer.isdisjoint(remaining) and self._wb.guards_newer(i):
+                    if lost is not None:
+                        lost.extend((i, kb) for kb in remaining if kb in newer)
+                    remaining = [kb for kb in remaining if kb not in newer]
             else:
                 remaining = []
         return found, timings

@@ -43,7 +43,7 @@ from .errors import CacheError, ConfigError, SerializationError
 from .keys import decode_key, namespace_prefix
 from .levels.heap import HeapLevel
 from .stats import Stats
-from .writeback import WriteBack
+from .writeback import LostWrites, WriteBack
 
 __all__ = ["CacheManager", "Namespace", "register_structure"]
 
@@ -494,7 +494,14 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._stage_dirty(full_check=True)
         self._wb.drain_all()
         self._raise_pinned()
-        self._wb.copy_down()
+        try:
+            self._wb.copy_down()
+        except LostWrites as exc:
+            # Everything else is copied and synced: a checkpoint that reports lost entries has
+            # done all it could, and the next one (a close() again) does not report them twice.
+            self._cold.last_checkpoint_id = checkpoint_id
+            self._cold.stats.writeback["checkpoints"] += 1
+            raise self._lost_error(exc.lost, "checkpoint") from None
         self._cold.last_checkpoint_id = checkpoint_id
         self._cold.stats.writeback["checkpoints"] += 1
 

@@ -1,0 +1,81 @@
+"""Session 10 review from the outside: failures a production job meets, injected for real (a
+redis-server SIGKILLed and started again on its port, a disk directory removed under a running
+manager), and what the user sees. Regression tests for the defects found."""
+from __future__ import annotations
+
+import pytest
+
+from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
+from mlcache._redis_server import RedisServer
+from mlcache.errors import IntegrityError
+
+
+@pytest.fixture()
+def own_redis():
+    """A private server this test may kill and start again."""
+    server = RedisServer().start()
+    yield server
+    server.cleanup()
+
+
+def _heap_redis_disk(url: str, path: str, namespace: str = "lost") -> CacheConfig:
+    return CacheConfig(heap=HeapConfig(policy="lru", max_entries=10, max_bytes=None),
+                       levels=(RedisConfig(url=url, prefix=namespace), DiskConfig(path=path)),
+                       namespace=namespace)
+
+
+def test_writes_a_restarted_redis_lost_are_reported_not_read_stale_from_disk(own_redis, tmp_path):
+    """heap -> Redis -> disk: flushed writes live in Redis only until a checkpoint. A server
+    restarted without its data lost them; reads fell through to disk's older checkpointed
+    version and returned it as the latest (41 of 50 keys read 'v1' after 'v2' was flushed), and
+    the next checkpoint() returned as if the store of record had everything, so the loss was
+    never reported. Now a read of such a key raises IntegrityError naming the level and the
+    key, and the checkpoint raises once naming them, after everything else is checkpointed."""
+    cfg = _heap_redis_disk(own_redis.url, str(tmp_path / "store"))
+    m = CacheManager(cfg)
+    for i in range(50):
+        m.put(i, "v1")
+    m.checkpoint()
+    for i in range(50):
+        m.put(i, "v2")
+    m.flush()
+    own_redis.kill()
+    own_redis.start()                # same port, no data (no append-only file)
+    lru_victim = 0                   # the LRU heap of 10 holds 40..49
+    with pytest.raises(IntegrityError) as err:
+        m.get(lru_victim)
+    assert err.value.level == "redis" and err.value.key == lru_victim
+    assert "redis level, key 0" in str(err.value)
+    m.put("late", "also kept")
+    with pytest.raises(IntegrityError) as err:
+        m.checkpoint()
+    assert err.value.level == "redis"
+    assert "checkpoint: 50 entries written to the redis level" in str(err.value)
+    m.checkpoint()                   # reported once: the next checkpoint (and close) succeed
+    assert m.get(lru_victim) == "v1"   # reported: now the older copy below
+    m.close()
+    with CacheManager(cfg) as again:
+        assert again.get("late") == "also kept"
+        assert again.get(0) == "v1"
+
+
+def test_a_write_after_the_loss_replaces_the_lost_entry(own_redis, tmp_path):
+    """Putting or deleting a key the restart lost goes on as usual: no error for it after."""
+    cfg = _heap_redis_disk(own_redis.url, str(tmp_path / "store"), "lost2")
+    with CacheManager(cfg) as m:
+        for i in range(30):
+            m.put(i, {"n": i})
+        m.flush()
+        own_redis.kill()
+        own_redis.start()
+        m.put(0, {"n": "again"})
+        m.delete(1)
+        assert m.get(0) == {"n": "again"} and m.get(1) is None
+        with pytest.raises(IntegrityError):
+            m.get(2)
+        with pytest.raises(IntegrityError) as err:
+            m.checkpoint()
+        assert "28 entries" in str(err.value)   # 2..29: not the key put, nor the one deleted
+    with CacheManager(cfg) as again:
+        assert again.get(0) == {"n": "again"} and again.get(1) is None and again.get(2) is None
+
