@@ -501,9 +501,20 @@ class PartitionFunction:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        # (not for a pandas UDF: Spark pickles it once, on first use, and a batch found in
-        # another thread would stay with it, where only the local property can tell the batch)
-        ctx = current_batch(None if self.__dict__.get("_pickled_once") else self.spec)
+        if self.__dict__.get("_pickled_once"):
+            # A pandas UDF: Spark pickles it once, on first use, so a batch found in another
+            # thread would stay with it; there only the local property tells the batch, and it
+            # does not reach a thread the batch function started: its runs would not be
+            # versioned (a replayed batch counted twice), so it is refused, by name.
+            ctx = current_batch()
+            if ctx is None and self.spec.batch_id is None and current_batch(self.spec):
+                raise CacheError(
+                    f"pandas UDF {self.__name__} of SparkCache {self.spec.scope!r} is used in "
+                    "another thread than its foreach_batch function's, where the micro-batch "
+                    "does not reach it (Spark pickles a pandas UDF once): call it in the "
+                    "batch function's own thread, or use mapInPandas (cache.pandas)")
+        else:
+            ctx = current_batch(self.spec)
         if ctx is not None and self.spec.batch_id is None:
             state["spec"] = replace(self.spec, batch_id=ctx.batch_id,
                                     listeners=self.spec.listeners + ctx.sinks_for(self.spec),
