@@ -18,7 +18,8 @@ the stateful-PySpark tutorial, each compared with the same aggregation in plain 
   from the dict's metadata that named neither the state nor the cause.
 - Not fixed here (levels/redis.py, writeback.py; xfail below): a bounded Redis level removes its
   victims before the level below holds them, so another process reads an older copy meanwhile:
-  lost updates in a Spark job with Redis(max_bytes) + disk on local[2].
+  lost updates in a Spark job with Redis(max_bytes) + disk on local[2]. Until it is, SparkCache
+  refuses a bounded shared level above another level.
 """
 from __future__ import annotations
 
@@ -46,12 +47,11 @@ def _add(pairs, state):
         yield k, state[k]
 
 
-def test_a_bounded_redis_level_keeps_exact_state_on_local2(spark, tmp_path, redis_url, unique_ns):
-    # State 10x the heap, in a Redis level with a byte bound (which the state stays within: see
-    # the victim test below for what evictions between processes do today) above the disk.
+def test_a_bounded_redis_level_keeps_exact_state_on_local2(spark, redis_url, unique_ns):
+    # State 10x the heap, in a Redis level with a byte bound (the last level: one above another
+    # is refused, see below).
     cfg = CacheConfig(heap=HeapConfig(max_entries=20, max_bytes=None),
-                      levels=(RedisConfig(url=redis_url, prefix=unique_ns, max_bytes=1 << 20),
-                              DiskConfig(path=str(tmp_path / "disk"))),
+                      levels=(RedisConfig(url=redis_url, prefix=unique_ns, max_bytes=1 << 20),),
                       namespace="agg")
     cache = SparkCache(cfg, name="agg")
     add = cache.partitions(_add, key=lambda kv: kv[0])
@@ -120,6 +120,19 @@ def test_jobs_run_from_a_thread_pool_inside_foreach_batch_are_exactly_once(spark
         run(spark.createDataFrame(batches[1], "k string, v long"), 1)   # the replay of batch 1
     model = Counter(k for data in batches for k, _ in data)
     assert cache.snapshot() == dict(model)
+
+
+@pytest.mark.parametrize("kind", ["redis", "disk"])
+def test_a_bounded_shared_level_above_another_is_refused(tmp_path, kind):
+    # Its victims leave it before the level below holds them: the lost updates of the xfail
+    # below, which a Spark job on local[2] met (3 of 4,000 keys after 8 jobs).
+    redis = RedisConfig(url="redis://127.0.0.1:6379/0", max_bytes=1 << 20 if kind == "redis"
+                        else None)
+    disk = DiskConfig(path=str(tmp_path / "disk"), max_bytes=1 << 20 if kind == "disk" else None)
+    levels = (redis, disk) if kind == "redis" else (disk, redis)
+    with pytest.raises(ConfigError, match=f"{kind}.max_bytes: .*above another level"):
+        SparkCache(CacheConfig(levels=levels), name="s")
+    SparkCache(CacheConfig(levels=levels[::-1]), name="s")     # bounded and last: accepted
 
 
 _DRIVER = """

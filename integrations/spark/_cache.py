@@ -14,7 +14,7 @@ from mlcache.config import CacheConfig
 from mlcache.errors import ConfigError
 
 from ._conf import config_from_spark_conf, prepare_for_executors
-from ._epochs import open_epoch_store, shared_level
+from ._epochs import check_shared_bounds, open_epoch_store, shared_level
 from ._partition import (BATCH_PROPERTY, PandasFunction, PartitionFunction, PartitionSpec,
                          _listener_calls, as_pandas_udf, batch_context)
 from ._scope import partition_prefix
@@ -53,6 +53,7 @@ class SparkCache:
         self.name = _check_name("name", name)
         # here, not in the first task: every task failed on the executors with this error
         shared_level(config)
+        check_shared_bounds(config)
         self.config = prepare_for_executors(config)
         self.collect_stats = collect_stats
 
