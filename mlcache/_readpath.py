@@ -292,9 +292,14 @@ class ReadPath:
                     # A write of some of these keys may have been in flight to the level that
                     # failed (taken from the buffer, not yet back in it): once it is over,
                     # they are in the buffer again, and the next round reads them there.
+                    # Only then: a write of other keys failing over and over against the same
+                    # dead level (its writer retrying) made every read of an evicted key wait
+                    # three rounds of the level's timeouts before raising.
                     with self._lock:
                         overlapped = wb.wseq != seq or seq % 2 == 1
-                    if not overlapped or rounds >= 3:
+                        moved = wb.moved_since(seq) if overlapped else None
+                    if (not overlapped or rounds >= 3
+                            or (moved is not None and moved.isdisjoint(mine))):
                         raise
                     with wb.io_lock:
                         pass

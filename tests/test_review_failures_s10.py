@@ -7,7 +7,7 @@ import pytest
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
 from mlcache._redis_server import RedisServer
-from mlcache.errors import IntegrityError
+from mlcache.errors import IntegrityError, LevelUnavailableError
 
 
 @pytest.fixture()
@@ -79,3 +79,49 @@ def test_a_write_after_the_loss_replaces_the_lost_entry(own_redis, tmp_path):
     with CacheManager(cfg) as again:
         assert again.get(0) == {"n": "again"} and again.get(1) is None and again.get(2) is None
 
+
+def test_a_read_of_a_hung_redis_waits_one_round_not_three(own_redis):
+    """Redis hung (SIGSTOP), its writer thread retrying a batch of other keys: a get of an
+    evicted key counted as 'overlapped by a write' and went three rounds, each the level's
+    retries x socket_timeout (24 s for a 2 s timeout and 3 retries; 60 s with the defaults,
+    three times what RedisConfig's retries and socket_timeout say). It goes again only when
+    the write it overlapped moved one of its keys. Counted in reads of the level, not in
+    seconds."""
+    import os
+    import signal
+    import threading
+
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=50, max_bytes=None),
+                      levels=(RedisConfig(url=own_redis.url, prefix="hung", socket_timeout=1.0,
+                                          retries=0),),
+                      namespace="hung", retry_backoff=0.05)
+    m = CacheManager(cfg)
+    for i in range(200):
+        m.put(i, {"v": i})
+    m.flush()
+    level = m._levels[0]
+    reads: list[int] = []
+    read = level.get_many
+
+    def counted(keys):
+        if not threading.current_thread().name.startswith("mlcache-writer-"):
+            reads.append(len(keys))
+        return read(keys)
+
+    level.get_many = counted
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(200, 400):       # dirty victims: the writer's batches now hang and fail
+            m.put(i, {"v": i})
+        while m._wb.wseq % 2 == 0:      # a write of keys 200.. is in flight
+            threading.Event().wait(0.01)
+        with pytest.raises(LevelUnavailableError) as err:
+            m.get(0)
+        assert err.value.level == "redis"
+        assert reads == [1]
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    level.get_many = read
+    m.close()
+    with CacheManager(cfg) as again:
+        assert all(again.get(i) == {"v": i} for i in range(400))
