@@ -80,6 +80,37 @@ def test_a_write_after_the_loss_replaces_the_lost_entry(own_redis, tmp_path):
         assert again.get(0) == {"n": "again"} and again.get(1) is None and again.get(2) is None
 
 
+def test_a_checkpoint_after_the_disk_directory_was_removed_raises(tmp_path):
+    """rm -r of a running manager's disk directory (a temp-directory cleaner): SQLite kept
+    writing into the unlinked database file, so flush() and checkpoint() returned as if the
+    writes were durable, and a new process found none of them (400 of 400 keys gone after a
+    checkpoint that had returned). The checkpoint now raises, naming the directory and the
+    file, and keeps raising (a close() stays open) rather than report a durable state."""
+    import shutil
+
+    path = tmp_path / "store"
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=10, max_bytes=None),
+                      levels=(DiskConfig(path=str(path)),), namespace="gone")
+    m = CacheManager(cfg)
+    for i in range(50):
+        m.put(i, {"v": i})
+    m.checkpoint()
+    shutil.rmtree(path)
+    for i in range(50, 100):
+        m.put(i, {"v": i})
+    m.flush()
+    with pytest.raises(LevelUnavailableError) as err:
+        m.checkpoint()
+    assert err.value.level == "disk"
+    assert str(path) in str(err.value) and "removed or replaced" in str(err.value)
+    with pytest.raises(LevelUnavailableError):
+        m.close()
+    assert not m.closed
+    m._wb.stop()                      # (the test's own cleanup: the level cannot be closed)
+    for level in m._levels:
+        level.close()
+
+
 def test_a_read_of_a_hung_redis_waits_one_round_not_three(own_redis):
     """Redis hung (SIGSTOP), its writer thread retrying a batch of other keys: a get of an
     evicted key counted as 'overlapped by a write' and went three rounds, each the level's

@@ -212,6 +212,15 @@ def _fsync(path: str) -> bool:
     return True
 
 
+def _file_id(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of ``path``, or None if there is no such file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _chunks(seq: Sequence[Any], n: int = _CHUNK) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
@@ -319,6 +328,9 @@ class DiskLevel:
                 for shard in self._shards:
                     shard._sql("CREATE INDEX IF NOT EXISTS Cache_access_time"
                                " ON Cache (access_time)")
+        # which database file each shard opened: sync() checks it is still the one at its path
+        self._db_files = [_file_id(os.path.join(shard._directory, DBNAME))
+                          for shard in self._shards]
         self._sync_lock = threading.Lock()
         _LEVELS.add(self)
 
@@ -661,9 +673,23 @@ class DiskLevel:
     def sync(self) -> None:
         """Make every committed write durable: fsync new value files, checkpoint the WAL."""
         with self._guard("sync"), self._sync_lock:
+            self._check_files()
             for shard in self._shards:
                 self._sync_files(shard)
                 shard._sql("PRAGMA wal_checkpoint(FULL)").fetchall()
+
+    def _check_files(self) -> None:
+        """Raise if a shard's database file was removed or replaced since the level opened it
+        (a temp-directory cleaner, ``rm -r`` of the directory): SQLite keeps writing into the
+        open file, which no path names any more, so every write since would be lost with the
+        process, and a checkpoint must not report it durable."""
+        for shard, opened in zip(self._shards, self._db_files):
+            path = os.path.join(shard._directory, DBNAME)
+            if _file_id(path) != opened:
+                raise LevelUnavailableError(
+                    f"disk level at {self.path}: its database file {path} was removed or "
+                    f"replaced since the level opened it: what was written to it since is in "
+                    f"no file and is lost when this process ends", level=self.name)
 
     def _sync_files(self, shard: diskcache.Cache) -> None:
         """fsync the value files written since the last call and their directories; hold
