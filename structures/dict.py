@@ -11,7 +11,8 @@ insertion order, and ``popitem`` removes the last inserted item. The order is an
 A new key appends to the tail chunk (one more ``get``/``put`` of an entry every insert
 touches, so it stays in the heap); overwriting a key leaves its place. A deletion writes
 nothing to the log: its slot is *dead*, and ``len`` tells how many there are (log length -
-``len``). With no dead slot the log is the order; otherwise the last slot of each present key
+``len``), except that deleting the key of the log's first slot moves the log's start past it
+(a dict used as a FIFO, ``del d[next(iter(d))]``, then leaves no dead slot). With no dead slot the log is the order; otherwise the last slot of each present key
 counts, and the pass that worked that out (a listing of the namespace's keys) rewrites the
 log without them (a loop does that first, then reads the log a batch of chunks at a time).
 ``popitem`` walks back from the tail, trimming dead slots. An insert
@@ -50,7 +51,7 @@ from mlcache.errors import LevelUnavailableError
 from mlcache.keys import check_key
 from mlcache.levels.heap import estimate_size
 
-from .base import _MISSING, Cacheable, locked
+from .base import _MISSING, Cacheable, int_weight, locked
 
 __all__ = ["CacheableDict"]
 
@@ -59,7 +60,9 @@ _TAIL_MAX = 8        # newest log slots kept in the metadata (weighed on every p
 _LOG_BATCH = 32      # log entries per batched read
 _ITEM_BATCH = 1024   # values per batched read when iterating items
 # the metadata without its tail's list, as the heap weighs it
-_META_WEIGHT = (estimate_size({"len": 10 ** 6, "kind": "dict", "order": 10 ** 6, "tail": []})
+# (and ``start``, 0 for most dicts, added when it is not: see _save_meta)
+_META_WEIGHT = (estimate_size({"len": 10 ** 6, "kind": "dict", "order": 10 ** 6, "tail": [],
+                               "start": 0})
                 - sys.getsizeof([]))
 
 
@@ -131,29 +134,40 @@ class CacheableDict(Cacheable, MutableMapping):
     # ``_log_gen`` counts the rewrites and cuts of the log made through this object (or a
     # reload of the metadata): a loop reading the log a batch at a time knows its positions
     # still mean what they meant when it started while the count has not moved.
-    __slots__ = ("_ons", "_log_gen")
+    # ``_front_key``: (``_log_gen``, ``start``, the key of slot ``start``), so a delete finds
+    # the log's first key without reading its chunk each time (a slot's key changes only when
+    # the log is rewritten, cut or reloaded, which moves ``_log_gen``).
+    __slots__ = ("_ons", "_log_gen", "_front_key")
     _ons: Any
     _log_gen: int
+    _front_key: tuple[int, int, Any] | None
 
     def _attach(self) -> None:
         self._ons = self._manager.namespace(f"{self.kind}.order:{self._name}")
         self._log_gen = 0
+        self._front_key = None
 
     def _forget_written(self) -> None:
         self._log_gen += 1
 
     def _new_meta(self, **options: Any) -> dict[str, Any]:
         meta = super()._new_meta(**options)
-        meta["order"], meta["tail"] = 0, []
+        meta["order"], meta["tail"], meta["start"] = 0, [], 0
         return meta
 
     def _empty_meta(self) -> dict[str, Any]:
-        return {**self._meta, "len": 0, "order": 0, "tail": []}
+        return {**self._meta, "len": 0, "order": 0, "tail": [], "start": 0}
 
     # -- the insertion-order log ---------------------------------------------------------------
     # meta["order"] = the number of slots. The last few (< _TAIL_MAX) are meta["tail"], written
     # with the metadata every insert writes anyway; the others, slots [0, spilled), are in
-    # chunks of _LOG_CHUNK keys in _ons (the last chunk may be short).
+    # chunks of _LOG_CHUNK keys in _ons (the last chunk may be short). meta["start"]: the slots
+    # before it are gone (the log's first keys deleted in order, as a queue or a FIFO bound
+    # deletes them: ``del d[next(iter(d))]``), so such a deletion leaves no dead slot, which
+    # the next loop would have to drop by listing the namespace and rewriting the whole log.
+
+    def _start(self) -> int:
+        return int(self._meta.get("start", 0))
 
     def _order(self) -> int:
         """The log's length. A dict written before the log existed gets one, in the order its
@@ -172,7 +186,39 @@ class CacheableDict(Cacheable, MutableMapping):
 
     def _chunk_ids(self) -> range:
         """Ids of the log's chunk entries."""
-        return range((self._spilled() + _LOG_CHUNK - 1) // _LOG_CHUNK)
+        return range(self._start() // _LOG_CHUNK,
+                     (self._spilled() + _LOG_CHUNK - 1) // _LOG_CHUNK)
+
+    def _dead(self) -> int:
+        """How many slots of the log are dead."""
+        return self._order() - self._start() - int(self._meta["len"])
+
+    def _front(self) -> Any:
+        """The key in the log's first slot (``_MISSING`` if the log is empty); lock held."""
+        start = self._meta.get("start", 0)
+        memo = self._front_key   # (a slot holds the same key in the tail or spilled)
+        if memo is not None and memo[1] == start and memo[0] == self._log_gen:
+            return memo[2]
+        hi = self._order()
+        if start >= hi:
+            return _MISSING
+        spilled = hi - len(self._meta["tail"])
+        if start >= spilled:
+            return self._meta["tail"][start - spilled]
+        chunk = self._ons.get(start // _LOG_CHUNK) or ()
+        off = start % _LOG_CHUNK
+        key = chunk[off] if off < len(chunk) else _MISSING
+        self._front_key = (self._log_gen, start, key)
+        return key
+
+    def _trim_front(self) -> None:
+        """Forget the log's first slot (its key was just deleted; the caller saves the
+        metadata), and its chunk once every slot of it is gone."""
+        start = self._start() + 1
+        self._meta["start"] = start
+        if start % _LOG_CHUNK == 0 and start - _LOG_CHUNK < self._spilled():
+            # (a chunk the tail spills into later is not written if all its slots are gone)
+            self._ons.delete(start // _LOG_CHUNK - 1)
 
     def _spill_read(self, count: int) -> Any:
         """The partly full log chunk that appending ``count`` keys spills the tail into, read
@@ -184,7 +230,11 @@ class CacheableDict(Cacheable, MutableMapping):
         if len(tail) + count < _TAIL_MAX:
             return None
         cid, off = divmod(hi - len(tail), _LOG_CHUNK)
-        return list(self._ons.get(cid) or ()) if off else None
+        if not off:
+            return None
+        if (cid + 1) * _LOG_CHUNK <= self._start():   # gone (see _trim_front)
+            return []
+        return list(self._ons.get(cid) or ())
 
     def _append(self, keys: list[Any], first: Any = _MISSING) -> None:
         """Append keys to the log (the caller saves the metadata); ``first``: what
@@ -202,7 +252,8 @@ class CacheableDict(Cacheable, MutableMapping):
         # Spill the tail into the chunks: the first one touched may be partly full.
         s0 = hi + len(keys) - len(tail)
         cid, off = divmod(s0, _LOG_CHUNK)
-        chunk = (first or []) if off else []
+        # (a chunk not found keeps its slots' places: they are gone or lost)
+        chunk = (first or [None] * off) if off else []
         writes = []
         for key in tail:
             chunk.append(key)
@@ -211,7 +262,11 @@ class CacheableDict(Cacheable, MutableMapping):
                 cid, chunk = cid + 1, []
         if chunk:
             writes.append((cid, chunk))
-        self._put_chunks(writes)
+        start = self._start()
+        if start >= _LOG_CHUNK:   # chunks whose slots are all gone are not written
+            writes = [(c, ch) for c, ch in writes if (c + 1) * _LOG_CHUNK > start]
+        if writes:
+            self._put_chunks(writes)
         self._meta["tail"] = []
 
     def _save_meta(self) -> None:
@@ -227,6 +282,9 @@ class CacheableDict(Cacheable, MutableMapping):
         tail = meta.get("tail") or ()
         weight = _META_WEIGHT + sys.getsizeof(tail) + len(tail) * (
             estimate_size(tail[-1]) if tail else 0)
+        start = meta.get("start", 0)
+        if start > 256:
+            weight += int_weight(start)
         put_items([(key, kb(key), meta)], None, [weight])
 
     def _put_chunks(self, writes: list[tuple[int, list[Any]]]) -> None:
@@ -244,26 +302,24 @@ class CacheableDict(Cacheable, MutableMapping):
                    for _, chunk in writes])
 
     def _log(self) -> list[Any]:
-        """Every slot of the log, dead ones included."""
+        """Every slot of the log from ``start``, dead ones included."""
         out: list[Any] = []
-        ids = self._chunk_ids()
-        for b0 in range(0, len(ids), _LOG_BATCH):
-            batch = list(ids[b0:b0 + _LOG_BATCH])
-            found = self._ons.get_many(batch)
-            for cid in batch:
-                out.extend(found.get(cid, ()))
-        out.extend(self._meta["tail"])
+        lo, hi = self._start(), self._order()
+        step = _LOG_BATCH * _LOG_CHUNK
+        while lo < hi:
+            out.extend(self._log_slots(lo, min(hi, lo + step)))
+            lo += step
         return out
 
     @locked
     def _scan_start(self) -> tuple[int, int]:
         """Begin a loop over the keys: the log is made the order (dead slots dropped, once) and
         its length and generation are returned, for :meth:`_scan_log`."""
-        if self._order() != self._meta["len"]:
+        if self._dead():
             self._ordered_keys()
-        return self._meta["order"], self._log_gen
+        return self._start(), self._meta["order"], self._log_gen
 
-    def _scan_log(self, stop: int, gen: int) -> Iterator[Any]:
+    def _scan_log(self, pos: int, stop: int, gen: int) -> Iterator[Any]:
         """The log's slots ``[0, stop)`` (a log with no dead slot is the key order), read a
         batch of chunks at a time, one chunk first, so that ``next(iter(d))`` reads one entry
         and a loop holds a batch rather than every key: reading the whole log first cost O(len)
@@ -273,7 +329,7 @@ class CacheableDict(Cacheable, MutableMapping):
         for another, then a copy) goes on after the last key read that is still there, in
         the new order; if none of the last few is, it raises as a dict whose keys changed
         during iteration does."""
-        pos, chunks = 0, 1
+        chunks = 1
         batch: list[Any] = []
         while pos < stop:
             with self._lock:
@@ -322,7 +378,7 @@ class CacheableDict(Cacheable, MutableMapping):
         inserted again, at a later slot): with no dead slot the log *is* the order; else the
         last slot of each present key counts, and the log is rewritten without the dead."""
         n = self._meta["len"]
-        if self._order() == n:
+        if not self._dead():
             return self._log() if n else []
         present = set(self._ns.keys())
         last = {k: None for k in reversed(self._log()) if k in present}
@@ -345,6 +401,7 @@ class CacheableDict(Cacheable, MutableMapping):
             self._ons.put_many(new)
         self._meta["tail"] = []
         self._meta["order"] = len(keys)
+        self._meta["start"] = 0
         self._meta["len"] = len(keys)
         self._save_meta()
 
@@ -355,7 +412,7 @@ class CacheableDict(Cacheable, MutableMapping):
         self._append(keys, first)
         n = self._meta["len"] = self._meta["len"] + len(keys)
         self._save_meta()
-        if self._meta["order"] - n > n + _LOG_CHUNK:
+        if self._dead() > n + _LOG_CHUNK:
             # more dead slots than live ones: compact (amortised O(1)). The insert is done;
             # a level down now only puts the compaction off to a later insert.
             try:
@@ -363,11 +420,16 @@ class CacheableDict(Cacheable, MutableMapping):
             except LevelUnavailableError:
                 pass
 
-    def _removed(self, count: int = 1) -> None:
+    def _removed(self, count: int = 1, front: bool = False) -> None:
+        """``count`` keys were deleted; ``front``: the one deleted is the key of the log's first
+        slot, which goes with it. (That slot may be dead, the key inserted again later: its
+        later slot then dies instead, and the count of dead slots is the same either way.)"""
         self._ver += 1
         self._meta["len"] -= count
         if self._meta["len"] == 0:
             self._drop_log()
+        elif front:
+            self._trim_front()
         self._save_meta()
 
     def _drop_log(self) -> None:
@@ -375,7 +437,7 @@ class CacheableDict(Cacheable, MutableMapping):
         ids = list(self._chunk_ids())
         if ids:
             self._ons.delete_many(ids)
-        self._meta["order"], self._meta["tail"] = 0, []
+        self._meta["order"], self._meta["tail"], self._meta["start"] = 0, [], 0
 
     def _iter_keys(self, keys: list[Any]) -> Iterator[Any]:
         # dict's iterators raise at their next step once the dict changed size. A change that
@@ -419,8 +481,9 @@ class CacheableDict(Cacheable, MutableMapping):
         k = _key(key)
         if k is _BAD or not self._ns.contains(k):
             raise KeyError(key)
+        front = self._front()   # (read before any write)
         self._ns.delete(k)
-        self._removed()
+        self._removed(front=front == k)
 
     def __iter__(self) -> Iterator[Any]:
         return self._iter_keys(self._scan_log(*self._scan_start()))
@@ -452,8 +515,9 @@ class CacheableDict(Cacheable, MutableMapping):
             if default is _MISSING:
                 raise KeyError(key)
             return default
+        front = self._front()   # (read before any write)
         self._ns.delete(k)
-        self._removed()
+        self._removed(front=front == k)
         return self._load(value)
 
     @locked
@@ -470,8 +534,8 @@ class CacheableDict(Cacheable, MutableMapping):
         tail = self._meta["tail"]
         spilled = hi - len(tail)
         chunks: dict[int, list[Any]] = {}
-        pos = hi
-        while pos > 0:
+        pos, start = hi, self._start()
+        while pos > start:
             pos -= 1
             if pos >= spilled:
                 key = tail[pos - spilled]
