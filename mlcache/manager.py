@@ -472,8 +472,20 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
                 for p in wb.buffer.pending:
                     seen.update(kb for kb in p if kb.startswith(prefix))
                 dead = set(wb.tombstones)
-            for level in self._levels:
-                seen.update(level.scan(prefix))
+            upper = set(seen)    # resident or queued: listed whatever the levels hold
+            for i, level in enumerate(self._levels):
+                newer = wb.newer[i]
+                if not (newer and wb.guards_newer(i)):
+                    seen.update(level.scan(prefix))
+                    continue
+                # keys written to this level and not yet below must be listed by it: one it
+                # lost would be left out of the list, silently (see _read_levels)
+                listed = set(level.scan(prefix))
+                seen |= listed
+                lost = sorted((i, kb) for kb in newer if kb.startswith(prefix)
+                              and kb not in listed and kb not in upper and kb not in dead)
+                if lost:
+                    raise self._lost_error(lost, "read")
         n = len(prefix)
         return [decode_key(kb[n:]) for kb in sorted(seen - dead)]
 
