@@ -377,7 +377,7 @@ class ReadPath:
         queued = wb.buffer.pending[0] if wb.levels else {}
         lost = [(i, kb) for i, kb in lost
                 if kb not in data and kb not in wb.tombstones and kb not in queued
-                and kb in wb.newer[i]]
+                and wb.lost_from(i, (kb,))]
         if lost:
             raise self._lost_error(lost, "read")
 
@@ -463,9 +463,12 @@ class ReadPath:
                 remaining = [kb for kb, raw in zip(remaining, values) if raw is None]
                 newer = self._wb.newer[i]
                 if newer and not newer.isdisjoint(remaining) and self._wb.guards_newer(i):
-                    if lost is not None:
-                        lost.extend((i, kb) for kb in remaining if kb in newer)
-                    remaining = [kb for kb in remaining if kb not in newer]
+                    gone = self._wb.lost_from(i, remaining)
+                    if gone:
+                        if lost is not None:
+                            lost.extend((i, kb) for kb in gone)
+                        gone_set = set(gone)
+                        remaining = [kb for kb in remaining if kb not in gone_set]
             else:
                 remaining = []
         return found, timings

@@ -388,6 +388,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
 
         structs = live_under(self, prefix)
         metas = {o._metans._kb((o.kind, o._name)) for o in structs}
+        # what we wrote to a shared level under the prefix may since have been deleted there
+        # by the process that owned it: not a loss if it is gone (see _read_levels)
+        self._wb.mark_unsure(prefix, metas)
         # the arenas first: the heap's drop below also forgets reads in flight, which may have
         # read an arena copy
         forgotten = self._forget_arena_copies(prefix)
@@ -482,8 +485,10 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
                 # lost would be left out of the list, silently (see _read_levels)
                 listed = set(level.scan(prefix))
                 seen |= listed
+                unsure = wb.unsure[i]
                 lost = sorted((i, kb) for kb in newer if kb.startswith(prefix)
-                              and kb not in listed and kb not in upper and kb not in dead)
+                              and kb not in listed and kb not in upper and kb not in dead
+                              and kb not in unsure)
                 if lost:
                     raise self._lost_error(lost, "read")
         n = len(prefix)

@@ -183,6 +183,10 @@ class WriteBack:
         self.buffer = EvictionBuffer(len(self.levels))
         self.tombstones: set[bytes] = set()
         self.newer: list[set[bytes]] = [set() for _ in self.levels]  # guarded by io_lock
+        # keys of newer[i] whose absence from level i is not a loss: invalidate_local said
+        # another process may have changed them (deleted them, as their owner, say); a write
+        # of ours vouches for a key again
+        self.unsure: list[set[bytes]] = [set() for _ in self.levels]  # guarded by io_lock
         self.wseq = 0
         # (wseq at the start of a write, the keys it moves or None if unknown), oldest first;
         # writes that started before ``_wlog_floor`` were forgotten. Guarded by the lock.
@@ -287,6 +291,22 @@ class WriteBack:
         ``maxmemory``, flushed by someone)."""
         return (index < len(self.levels) - 1 and self._exact(index)
                 and not getattr(self.levels[index], "lossy", False))
+
+    def lost_from(self, index: int, keys: Iterable[bytes]) -> list[bytes]:
+        """Of ``keys``, missing from level ``index``, those it lost: written there by us, not
+        yet below, and not invalidated since (see ``unsure``)."""
+        newer, unsure = self.newer[index], self.unsure[index]
+        return [kb for kb in keys if kb in newer and kb not in unsure]
+
+    def mark_unsure(self, prefix: bytes, also: Iterable[bytes] = ()) -> None:
+        """``invalidate_local``: another process may have changed (deleted) the keys under
+        ``prefix`` (and ``also``) that the levels hold newer than below: their absence is no
+        longer a loss. Takes the I/O lock."""
+        also = set(also)
+        with self.io_lock:
+            for newer, unsure in zip(self.newer, self.unsure):
+                if newer:
+                    unsure.update(kb for kb in newer if kb.startswith(prefix) or kb in also)
 
     def _exact(self, index: int) -> bool:
         """Whether a write into level ``index`` moves only its own keys: the last level keeps
@@ -440,6 +460,8 @@ class WriteBack:
             st.bytes_written += sum(len(v) for _, v in carry)
             if i < last:
                 self.newer[i].update(k for k, _ in carry)
+                if self.unsure[i]:
+                    self.unsure[i].difference_update(k for k, _ in carry)
             if victims:
                 st.evictions["overflow"] += len(victims)
                 if i < last:
@@ -474,6 +496,9 @@ class WriteBack:
                     self.tombstones.difference_update(keys)
                     for newer in self.newer:
                         newer.difference_update(keys)
+                    for unsure in self.unsure:
+                        if unsure:
+                            unsure.difference_update(keys)
                     self.stats.writeback["tombstones_flushed"] += len(keys)
             finally:
                 with self.lock:
@@ -556,11 +581,15 @@ class WriteBack:
                         try:
                             values = self.levels[i].get_many(keys)
                             items = [(k, v) for k, v in zip(keys, values) if v is not None]
+                            unsure = self.unsure[i]
                             if guard and len(items) < len(keys):
                                 # written there and gone since: reported once, below (the
                                 # level below keeps its older copy, which reads return after)
-                                lost.extend((i, k) for k, v in zip(keys, values) if v is None)
+                                lost.extend((i, k) for k, v in zip(keys, values)
+                                            if v is None and k not in unsure)
                             newer.difference_update(keys)
+                            if unsure:
+                                unsure.difference_update(keys)
                             try:
                                 self._write(i + 1, items)
                             except Exception:

@@ -184,3 +184,31 @@ def test_a_read_of_a_hung_redis_waits_one_round_not_three(own_redis):
     m.close()
     with CacheManager(cfg) as again:
         assert all(again.get(i) == {"v": i} for i in range(400))
+
+
+def test_a_key_another_owner_deleted_after_invalidate_local_is_a_miss_not_a_loss(own_redis,
+                                                                                 tmp_path):
+    """Ownership moving between processes (coherence.md, the Spark integration): A flushed a
+    key to Redis (not yet below), B took the key over and deleted it everywhere, A took it back
+    with invalidate_local(). The key is deleted, not lost: A's read is a miss and A's checkpoint
+    reports nothing (the loss check of fe32fb3 must not take another owner's delete for a
+    server's loss once the keys were invalidated)."""
+    cfg = _heap_redis_disk(own_redis.url, str(tmp_path / "store"), "owners")
+    a, b = CacheManager(cfg), CacheManager(cfg)
+    for i in range(30):
+        a.put(i, "a")
+    a.flush()                         # in Redis, not yet on disk
+    b.invalidate_local()
+    b.delete(3)
+    b.put(4, "b")
+    b.checkpoint()
+    a.invalidate_local()              # A takes the keys back
+    assert a.get(3) is None
+    assert a.get(4) == "b"
+    assert sorted(a.keys()) == list(range(30))[:3] + list(range(4, 30))
+    a.checkpoint()
+    assert a.get(5) == "a"
+    a.close()
+    b.close()
+    with CacheManager(cfg) as again:
+        assert again.get(3) is None and again.get(4) == "b" and again.get(5) == "a"
