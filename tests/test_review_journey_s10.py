@@ -162,9 +162,6 @@ def test_time_window_append_without_timestamp_names_the_argument():
 
 # -- Redis that wants a password, given none ----------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="mlcache/levels/redis.py: a server that requires AUTH, "
-                                       "reached without a password, reports redis-py 8's "
-                                       "HELLO wording, not what to change")
 def test_redis_without_its_password_says_a_password_is_needed():
     """Following the auth/TLS how-to with the password left out of the URL: the error read
     `get failed after 4 attempts: HELLO must be called with the client already authenticated,
@@ -182,6 +179,12 @@ def test_redis_without_its_password_says_a_password_is_needed():
                 cache.get("k")
         text = str(info.value).lower()
         assert "password" in text and "url" in text, text
+        assert info.value.retryable is False
+        wrong = f"redis://:nope@127.0.0.1:{server.port}/0"
+        with pytest.raises(LevelUnavailableError) as info:
+            with CacheManager(CacheConfig(heap=None, levels=(RedisConfig(url=wrong),))) as c:
+                c.get("k")
+        assert "password" in str(info.value) and "nope" not in str(info.value)
     finally:
         server.cleanup()
 

@@ -348,6 +348,8 @@ class RedisLevel:
                 return fn(self._connect())
             except CacheError:
                 raise
+            except redis.AuthenticationError as exc:  # (a ConnectionError: never retried)
+                raise _auth_error(self, op, exc) from exc
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 if attempt + 1 >= attempts:
                     raise LevelUnavailableError(
@@ -361,6 +363,8 @@ class RedisLevel:
                         str(exc).startswith("OOM"):
                     raise CapacityError(f"redis level at {redacted_url(self.url)}: {op}: {exc}",
                                         level=self.name) from exc
+                if str(exc).startswith(("NOAUTH", "WRONGPASS")):
+                    raise _auth_error(self, op, exc) from exc
                 raise LevelUnavailableError(f"redis level at {redacted_url(self.url)}: {op}: {exc}",
                                             level=self.name) from exc
         raise AssertionError("unreachable")
@@ -687,3 +691,15 @@ class RedisLevel:
             if self._server is not None:
                 self._server_stop()
             self._server = None
+
+
+def _auth_error(level: Any, op: str, exc: Exception) -> LevelUnavailableError:
+    """The server wants a password the URL does not give (or refused the one it gives): say
+    so and where it goes; not retryable (retrying cannot change the answer)."""
+    err = LevelUnavailableError(
+        f"redis level at {redacted_url(level.url)}: {op}: the server requires a password, or "
+        f"refused the one given: put it in the URL, redis://:PASSWORD@host:port/db (or "
+        f"redis://USER:PASSWORD@host:port/db for an ACL user); the server said: {exc}",
+        level=level.name)
+    err.retryable = False
+    return err
