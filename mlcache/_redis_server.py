@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Sequence
@@ -40,6 +41,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Run beside a server started with ``watchdog=True``: it waits on a pipe whose only writer is the
+# process that started the server. A byte means that process stopped the server itself; end of
+# file means it is gone without doing so (SIGTERM from a cluster manager or ``kill``, SIGKILL,
+# ``os._exit``: neither atexit nor finalizers ran), and then the watchdog stops the server and
+# removes its directory.
+_WATCHDOG = """
+import os, shutil, signal, sys, time
+if os.read(0, 1):
+    sys.exit(0)
+pid = int(sys.argv[1])
+try:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        os.kill(pid, 0)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+if len(sys.argv) > 2:
+    shutil.rmtree(sys.argv[2], ignore_errors=True)
+"""
+
+
 class RedisServer:
     """A redis-server child process on 127.0.0.1 with a private directory."""
 
@@ -54,13 +79,17 @@ class RedisServer:
         self.extra_args = list(extra_args)
         self.appendonly = appendonly
         self.proc: subprocess.Popen | None = None
+        self._watch_fd: int | None = None  # the write end of the watchdog's pipe
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
+    def start(self, timeout: float = 10.0, *, watchdog: bool = False) -> "RedisServer":
+        """Start the server and wait until it answers. ``watchdog``: a small process stops it
+        (and removes a directory of its own) if this process ends without calling
+        :meth:`cleanup` or :meth:`stop` -- for servers that must not outlive their user."""
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", self.directory, "--save", "", "--daemonize", "no",
@@ -88,6 +117,12 @@ class RedisServer:
                     s.sendall(b"PING\r\n")
                     reply = s.recv(64)
                     if reply.startswith((b"+PONG", b"-NOAUTH")):
+                        if watchdog:
+                            try:
+                                self._watch()
+                            except BaseException:
+                                self.stop()
+                                raise
                         return self
             except OSError:
                 pass
@@ -100,6 +135,23 @@ class RedisServer:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        self._release_watchdog()   # (its pid may be reused by another process now)
+
+    def _watch(self) -> None:
+        assert self.proc is not None
+        read_end, write_end = os.pipe()
+        try:
+            args = [sys.executable, "-c", _WATCHDOG, str(self.proc.pid)]
+            if self._own_dir:
+                args.append(self.directory)
+            subprocess.Popen(args, stdin=read_end, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._watch_fd = write_end
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -110,6 +162,17 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
+        self._release_watchdog()
+
+    def _release_watchdog(self) -> None:
+        fd, self._watch_fd = self._watch_fd, None
+        if fd is not None:   # stopped here: the watchdog leaves without a kill
+            try:
+                os.write(fd, b"x")
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def cleanup(self) -> None:
         self.stop()

@@ -212,3 +212,53 @@ def test_a_key_another_owner_deleted_after_invalidate_local_is_a_miss_not_a_loss
     b.close()
     with CacheManager(cfg) as again:
         assert again.get(3) is None and again.get(4) == "b" and again.get(5) == "a"
+
+
+_EMBEDDED_USER = """
+import sys
+from mlcache import CacheConfig, CacheManager, RedisConfig
+m = CacheManager(CacheConfig(heap=None, levels=(RedisConfig(url="embedded"),)))
+m.put("k", 1)
+level = m._levels[0]
+print(level._server.port, level._server.directory, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_levels_embedded_redis_does_not_outlive_a_killed_process(sig):
+    """RedisConfig(url="embedded") started a private redis-server stopped by close() or a
+    finalizer at exit; a process ended by SIGTERM (a scheduler, ``kill``) or SIGKILL runs
+    neither, and left the server running with its directory, for good (one per killed
+    process). A watchdog now stops it (as the SparkCache's embedded server's, 6579e36)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    user = subprocess.Popen([sys.executable, "-c", _EMBEDDED_USER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port, directory = user.stdout.readline().split()
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=5):
+            pass
+        user.send_signal(getattr(signal, sig))
+        user.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+            except OSError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"redis-server on port {port} outlived its process ({sig})")
+        while os.path.exists(directory) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(directory)
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.wait()

@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import os
-import subprocess
-import sys
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import cloudpickle
 
@@ -158,48 +155,6 @@ def _unpicklable_field(obj: Any, path: str) -> str | None:
 _servers: dict[str, Any] = {}
 _servers_lock = threading.Lock()
 
-# Run beside an embedded server: it waits on a pipe whose only writer is the driver. A byte means
-# the driver stopped the server itself; end of file means the driver is gone without doing so
-# (SIGTERM from a cluster manager or ``kill``, SIGKILL, os._exit: atexit never ran), and then it
-# stops the server and removes its directory.
-_WATCHDOG = """
-import os, shutil, signal, sys, time
-if os.read(0, 1):
-    sys.exit(0)
-pid = int(sys.argv[1])
-try:
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        os.kill(pid, 0)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-except ProcessLookupError:
-    pass
-shutil.rmtree(sys.argv[2], ignore_errors=True)
-"""
-
-
-def _watch(server: Any) -> Callable[[], None]:
-    """Start the watchdog of ``server``; returns the driver's clean stop (server, then
-    watchdog)."""
-    read_end, write_end = os.pipe()
-    try:
-        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(server.proc.pid),
-                          server.directory], stdin=read_end, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    finally:
-        os.close(read_end)
-
-    def stop() -> None:
-        server.cleanup()
-        try:
-            os.write(write_end, b"x")    # stopped here: the watchdog leaves without a kill
-        finally:
-            os.close(write_end)
-    return stop
-
-
 def _embedded_url(cfg: RedisConfig) -> str:
     """One embedded redis-server per driver process, started on first use, stopped at exit,
     or by a watchdog process when the driver ends without running its exit hooks."""
@@ -208,14 +163,9 @@ def _embedded_url(cfg: RedisConfig) -> str:
     with _servers_lock:
         server = _servers.get(cfg.prefix)
         if server is None:
-            server = RedisServer().start()
-            try:
-                stop = _watch(server)
-            except BaseException:
-                server.cleanup()
-                raise
+            server = RedisServer().start(watchdog=True)
             _servers[cfg.prefix] = server
-            atexit.register(stop)
+            atexit.register(server.cleanup)
         return server.url
 
 

@@ -254,11 +254,12 @@ class RedisLevel:
 
             if self._closed:   # (an error message of a call racing with close())
                 raise LevelUnavailableError("redis level is closed", level=self.name)
-            server = self._server = RedisServer().start()
+            server = self._server = RedisServer().start(watchdog=True)
             self._server_pid = os.getpid()
             # Stopped by close(), or at the latest when this process exits: the writer thread
             # keeps the level alive, so a manager never closed left its server running after
-            # the process ended, for good, with its directory.
+            # the process ended, for good, with its directory. A process killed (SIGTERM,
+            # SIGKILL) runs no finalizer: the server's watchdog stops it then.
             self._server_stop = weakref.finalize(self, _stop_server, server, self._server_pid)
         return str(self._server.url)
 
