@@ -179,94 +179,123 @@ def run_pipeline(spark: Any, *, variant: str = "mlcache", events: int = 300_000,
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="mlcache-spark-demo-")
     run_id = f"{variant}-{uuid.uuid4().hex[:8]}"
-    src = os.path.join(workdir, run_id, "in")
-    tally, distinct = write_source(src, events, cards, batches)
-    if variant == "redis-only":
-        # No heap means nowhere to prefetch into: hints would only add Redis reads.
-        heap, per_worker, prefetch = None, None, False
-    elif variant == "all-in-heap":
-        per_worker = 2 * cards + 1024
-        heap = HeapConfig(policy=policy, max_entries=per_worker, max_bytes=None)
-    else:
-        per_worker = max(64, int(distinct * heap_share))
-        heap = HeapConfig(policy=policy, max_entries=per_worker, max_bytes=None)
-    config = CacheConfig(heap=heap, namespace=run_id.replace("-", "_"),
-                         levels=levels_for(variant, os.path.join(workdir, run_id, "disk"),
-                                           redis, f"mlcache-demo-{run_id}"),
-                         prefetch=PrefetchConfig(enabled=prefetch))
-    cache = SparkCache(config, name="fraud", collect_stats=True)
     metrics = None
-    if metrics_port is not None:
-        # The driver serves what each worker's manager published, labelled by worker.
-        from .metrics import serve_stats
-
-        metrics = serve_stats(cache.worker_stats, metrics_port)
-        print(f"  metrics: {metrics.url} (mlcache stats --port {metrics.port})", flush=True)
-    # Hints carry the worker's own clock (the default), not the transactions' timestamps: a
-    # worker runs the partitions of a batch one after another, so event times go backwards
-    # at every partition boundary, which a timestamp-ordered policy would misread.
-    scorer = cache.pandas(score_frames, key="card", state="risk")
-    alerts_path = os.path.join(workdir, run_id, "alerts.jsonl")
-    per_batch = math.ceil(events / batches)
-    batch_seconds: list[float] = []
-    alerts_total = 0
-    seen = [0, 0]
-
-    def process(batch_df: Any, batch_id: int) -> None:
-        nonlocal alerts_total
-        t0 = time.perf_counter()
-        alerts = (batch_df.repartition(partitions, "card")
-                  .mapInPandas(scorer, ALERT_SCHEMA).collect())
-        with open(alerts_path, "a") as sink:
-            for a in alerts:
-                sink.write(json.dumps(a.asDict()) + "\n")
-        dt = time.perf_counter() - t0
-        batch_seconds.append(dt)
-        alerts_total += len(alerts)
-        if progress:
-            agg = _sum_stats(cache.worker_stats())
-            heap = agg["levels"].get("heap") or {"hits": 0, "misses": 0}
-            hits, misses = heap["hits"] - seen[0], heap["misses"] - seen[1]
-            seen[:] = [heap["hits"], heap["misses"]]
-            moved = agg["spark"].get("ownership_changes", 0)
-            n = min(per_batch, events - batch_id * per_batch)
-            hr = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
-            print(f"  [{variant}] batch {batch_id:>3}: {n:>7,} tx in {dt:5.2f} s "
-                  f"({n / dt:>8,.0f} tx/s), {len(alerts):>4} alerts, heap hit ratio {hr:>6}, "
-                  f"partition moves so far {int(moved)}", flush=True)
-
-    extracted = (spark.readStream.option("maxFilesPerTrigger", 1).text(src)
-                 .selectExpr("split(value, ',') AS f")
-                 .selectExpr("CAST(f[1] AS BIGINT) AS card", "CAST(f[0] AS DOUBLE) AS ts",
-                             "CAST(f[2] AS DOUBLE) AS amount", "CAST(f[3] AS INT) AS country"))
-    start = time.perf_counter()
-    query = (extracted.writeStream.foreachBatch(cache.foreach_batch(process))
-             .option("checkpointLocation", os.path.join(workdir, run_id, "checkpoint"))
-             .trigger(availableNow=True).start())
+    failed = True
     try:
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        src = os.path.join(workdir, run_id, "in")
+        tally, distinct = write_source(src, events, cards, batches)
+        if variant == "redis-only":
+            # No heap means nowhere to prefetch into: hints would only add Redis reads.
+            heap, per_worker, prefetch = None, None, False
+        elif variant == "all-in-heap":
+            per_worker = 2 * cards + 1024
+            heap = HeapConfig(policy=policy, max_entries=per_worker, max_bytes=None)
+        else:
+            per_worker = max(64, int(distinct * heap_share))
+            heap = HeapConfig(policy=policy, max_entries=per_worker, max_bytes=None)
+        config = CacheConfig(heap=heap, namespace=run_id.replace("-", "_"),
+                             levels=levels_for(variant, os.path.join(workdir, run_id, "disk"),
+                                               redis, f"mlcache-demo-{run_id}"),
+                             prefetch=PrefetchConfig(enabled=prefetch))
+        cache = SparkCache(config, name="fraud", collect_stats=True)
+        if metrics_port is not None:
+            # The driver serves what each worker's manager published, labelled by worker.
+            from .metrics import serve_stats
+
+            metrics = serve_stats(cache.worker_stats, metrics_port)
+            print(f"  metrics: {metrics.url} (mlcache stats --port {metrics.port})", flush=True)
+        # Hints carry the worker's own clock (the default), not the transactions' timestamps: a
+        # worker runs the partitions of a batch one after another, so event times go backwards
+        # at every partition boundary, which a timestamp-ordered policy would misread.
+        scorer = cache.pandas(score_frames, key="card", state="risk")
+        alerts_path = os.path.join(workdir, run_id, "alerts.jsonl")
+        per_batch = math.ceil(events / batches)
+        batch_seconds: list[float] = []
+        alerts_total = 0
+        seen = [0, 0]
+
+        def process(batch_df: Any, batch_id: int) -> None:
+            nonlocal alerts_total
+            t0 = time.perf_counter()
+            alerts = (batch_df.repartition(partitions, "card")
+                      .mapInPandas(scorer, ALERT_SCHEMA).collect())
+            with open(alerts_path, "a") as sink:
+                for a in alerts:
+                    sink.write(json.dumps(a.asDict()) + "\n")
+            dt = time.perf_counter() - t0
+            batch_seconds.append(dt)
+            alerts_total += len(alerts)
+            if progress:
+                agg = _sum_stats(cache.worker_stats())
+                heap = agg["levels"].get("heap") or {"hits": 0, "misses": 0}
+                hits, misses = heap["hits"] - seen[0], heap["misses"] - seen[1]
+                seen[:] = [heap["hits"], heap["misses"]]
+                moved = agg["spark"].get("ownership_changes", 0)
+                n = min(per_batch, events - batch_id * per_batch)
+                hr = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+                print(f"  [{variant}] batch {batch_id:>3}: {n:>7,} tx in {dt:5.2f} s "
+                      f"({n / dt:>8,.0f} tx/s), {len(alerts):>4} alerts, heap hit ratio {hr:>6}, "
+                      f"partition moves so far {int(moved)}", flush=True)
+
+        extracted = (spark.readStream.option("maxFilesPerTrigger", 1).text(src)
+                     .selectExpr("split(value, ',') AS f")
+                     .selectExpr("CAST(f[1] AS BIGINT) AS card", "CAST(f[0] AS DOUBLE) AS ts",
+                                 "CAST(f[2] AS DOUBLE) AS amount", "CAST(f[3] AS INT) AS country"))
+        start = time.perf_counter()
+        query = (extracted.writeStream.foreachBatch(cache.foreach_batch(process))
+                 .option("checkpointLocation", os.path.join(workdir, run_id, "checkpoint"))
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination()
+            if query.exception() is not None:
+                raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        finally:
+            if query.isActive:
+                query.stop()
+        seconds = time.perf_counter() - start
+        mismatches = 0
+        if check:
+            state = cache.snapshot("risk")
+            seen = np.nonzero(tally)[0].tolist()
+            mismatches = sum(1 for c in seen if (state.get(c) or {}).get("n") != int(tally[c]))
+            mismatches += sum(1 for c in state if c >= len(tally) or not tally[c])
+        result = PipelineResult(variant=variant, events=events, cards=distinct,
+                                batches=len(batch_seconds), seconds=seconds,
+                                batch_seconds=batch_seconds, alerts=alerts_total,
+                                mismatches=mismatches, heap_entries_per_worker=per_worker,
+                                creations=cache.creations(), stats=_sum_stats(cache.worker_stats()))
+        failed = False
     finally:
-        if query.isActive:
-            query.stop()
-    seconds = time.perf_counter() - start
-    mismatches = 0
-    if check:
-        state = cache.snapshot("risk")
-        seen = np.nonzero(tally)[0].tolist()
-        mismatches = sum(1 for c in seen if (state.get(c) or {}).get("n") != int(tally[c]))
-        mismatches += sum(1 for c in state if c >= len(tally) or not tally[c])
-    result = PipelineResult(variant=variant, events=events, cards=distinct,
-                            batches=len(batch_seconds), seconds=seconds,
-                            batch_seconds=batch_seconds, alerts=alerts_total,
-                            mismatches=mismatches, heap_entries_per_worker=per_worker,
-                            creations=cache.creations(), stats=_sum_stats(cache.worker_stats()))
-    if metrics is not None:
-        metrics.close()
-    if own:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if metrics is not None:
+            metrics.close()
+        if redis and redis != "embedded":   # leave a shared server as we found it
+            try:
+                _forget_run(redis, f"mlcache-demo-{run_id}")
+            except Exception:
+                if not failed:   # (else the run's own failure is the error to see)
+                    raise
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _forget_run(url: str, prefix: str) -> None:
+    """Delete the keys a run left in a Redis it was given: its state and its epoch store (every
+    key under the run's own prefix)."""
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(url)
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=prefix.encode() + b"*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                client.unlink(*batch)
+                batch.clear()
+        if batch:
+            client.unlink(*batch)
+    finally:
+        client.close()
 
 
 def report(r: PipelineResult) -> str:

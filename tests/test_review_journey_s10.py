@@ -235,8 +235,6 @@ def test_spark_demo_with_its_metrics_port_in_use_is_one_line(tmp_path):
     assert list(tmp.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="mlcache/demo_spark.py run_pipeline leaves its keys in "
-                                       "the Redis it was given (run_local deletes its own)")
 def test_spark_demo_leaves_the_redis_it_was_given_as_it_found_it(spark, redis_url, tmp_path):
     """`mlcache demo --redis redis://...` (the Spark demo) left its whole state in the user's
     Redis: 10,488 keys under mlcache-demo-mlcache-<id> after a --quick run, never read again
