@@ -34,6 +34,15 @@ __all__ = ["CacheableList", "DEFAULT_CHUNK_SIZE"]
 DEFAULT_CHUNK_SIZE = 256
 _BATCH_CHUNKS = 32
 _MAXSIZE = sys.maxsize
+_SSIZE_MIN = -sys.maxsize - 1
+
+
+def _too_big(kind: type[Exception]) -> Exception:
+    """list's error for an index past a C ssize_t: an IndexError where it indexes (``l[i]``,
+    ``del l[i]``), an OverflowError where it is an argument (``pop``, ``insert``)."""
+    if kind is IndexError:
+        return IndexError("cannot fit 'int' into an index-sized integer")
+    return OverflowError("Python int too large to convert to C ssize_t")
 
 
 def _check_chunk_size(chunk_size: Any) -> None:
@@ -288,6 +297,8 @@ class CacheableList(Cacheable, MutableSequence):
     def _index(self, i: Any, message: str) -> int:
         n = self._meta["len"]
         i = operator.index(i) if not isinstance(i, int) else i
+        if not _SSIZE_MIN <= i <= _MAXSIZE:
+            raise _too_big(IndexError)
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -410,6 +421,8 @@ class CacheableList(Cacheable, MutableSequence):
     def insert(self, index: SupportsIndex, value: Any) -> None:
         n = self._meta["len"]
         i = operator.index(index)
+        if not _SSIZE_MIN <= i <= _MAXSIZE:   # (a list's insert raises; it appended)
+            raise _too_big(OverflowError)
         if i < 0:
             i = max(0, i + n)
         i = min(i, n)
@@ -463,9 +476,12 @@ class CacheableList(Cacheable, MutableSequence):
     @locked
     def pop(self, i: SupportsIndex = -1) -> Any:
         n = self._meta["len"]
+        k = operator.index(i)   # (the argument is converted first, as list's pop does)
+        if not _SSIZE_MIN <= k <= _MAXSIZE:
+            raise _too_big(OverflowError)
         if n == 0:
             raise IndexError("pop from empty list")
-        j = self._index(i, "pop index out of range")
+        j = self._index(k, "pop index out of range")
         if j == 0:
             return self._load(self._popleft())
         value = self[j]

@@ -416,3 +416,26 @@ def test_reading_through_a_dict_keeps_nothing_of_what_was_not_admitted(small_hea
     finally:
         tracemalloc.stop()
     assert kept < 1 << 20, (kept, len(small_heap._handed))
+
+
+def test_list_indexes_past_a_ssize_t_raise_as_a_list_does(big_heap):
+    # Regression (known since session 9): insert(10**30, x) appended and pop(10**30) said
+    # "pop index out of range"; a list converts such an argument to a C ssize_t and raises
+    # OverflowError, and l[10**30] raises "cannot fit 'int' into an index-sized integer".
+    big = 10 ** 30
+    for make in (list, lambda: big_heap.list("l")):
+        lst = make()
+        lst.extend([1, 2])
+        for op in (lambda: lst.insert(big, 0), lambda: lst.insert(-big, 0),
+                   lambda: lst.pop(big), lambda: lst.pop(-big), lambda: lst.insert(2 ** 63, 0)):
+            with pytest.raises(OverflowError, match="too large to convert to C ssize_t"):
+                op()
+        for op in (lambda: lst[big], lambda: lst[-big], lambda: lst.__setitem__(big, 0),
+                   lambda: lst.__delitem__(-big)):
+            with pytest.raises(IndexError, match="cannot fit 'int' into an index-sized integer"):
+                op()
+        lst.insert(2 ** 63 - 1, 3)
+        assert list(lst) == [1, 2, 3] and lst.index(1, -big, big) == 0
+        lst.clear()
+        with pytest.raises(OverflowError):
+            lst.pop(big)
