@@ -575,6 +575,7 @@ class ReadPath:
         remember, remembered, kept = digests.remember, digests._d, digests._raw
         immutable = IMMUTABLE
         victims_all: list[tuple[bytes, Any, bool]] = []
+        declined: list[bytes] = []
         weight_of = self._weight_of if self._cold.weighers else None
         for kb, value, raw in items:
             if track and type(value) not in immutable:
@@ -591,13 +592,18 @@ class ReadPath:
                 if any(k == kb for k, _, _ in victims):
                     # not admitted: just decoded, so unchanged; nothing to check or write
                     self._digests.pop(kb, None)
+                    declined.append(kb)
                     victims = [v for v in victims if v[0] != kb]
                     self._cold.stats.levels["heap"].evictions["not_admitted"] += 1
                 victims_all.extend(victims)
             out[kb] = value
         if track:
-            # before the victims: an entry of this batch evicted by a later one is forgotten
-            self._handed.update([kb for kb, _, _ in items])
+            # before the victims: an entry of this batch evicted by a later one is forgotten;
+            # one not admitted is not marked (a change to it is not tracked: see _admit)
+            handed = self._handed
+            handed.update([kb for kb, _, _ in items])
+            if declined:
+                handed.difference_update(declined)
         if victims_all:
             self._handle_victims(victims_all)
 
@@ -632,10 +638,14 @@ class ReadPath:
             # before the victims: an entry of this batch evicted by a later one is forgotten
             self._handed.update(kbs)
         if refused:
-            # not admitted: just decoded, so unchanged; nothing to check or write
+            # not admitted: just decoded, so unchanged; nothing to check or write (and no mark
+            # to keep: a change to a value the heap does not hold is not tracked, and the
+            # marks of a scan the policy declines would pile up until the next flush)
             pop = digests.pop
             for kb in refused:
                 pop(kb, None)
+            if track:
+                self._handed.difference_update(refused)
             self._cold.stats.levels["heap"].evictions["not_admitted"] += len(refused)
         if victims:
             self._handle_victims(victims)
@@ -657,13 +667,16 @@ class ReadPath:
             self._digests.remember(kb, raw)
         victims = heap.insert(kb, value, dirty=False, size=len(raw), ts=ts,
                               weight=self._weight_of(kb, value) if self._cold.weighers else None)
+        admitted = True
         if victims:
             if any(k == kb for k, _, _ in victims):
-                # not admitted: just decoded, so unchanged; nothing to check or write
+                # not admitted: just decoded, so unchanged; nothing to check or write, and no
+                # mark (a change to a value the heap does not hold is not tracked)
                 self._digests.pop(kb, None)
+                admitted = False
                 victims = [v for v in victims if v[0] != kb]
                 self._cold.stats.levels["heap"].evictions["not_admitted"] += 1
             self._handle_victims(victims)
-        if self._track:
+        if self._track and admitted:
             self._handed.add(kb)
         return value

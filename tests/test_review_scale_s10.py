@@ -391,9 +391,6 @@ def test_set_comparisons_look_members_up_a_batch_at_a_time(big_heap):
     assert a.__le__([1]) is NotImplemented and a.__ge__([1]) is NotImplemented
 
 
-@pytest.mark.xfail(strict=True, reason="_readpath.py: keys read in a batch that the policy "
-                   "declines to admit stay in _handed until the next flush (see the report of "
-                   "session 10's scale review)")
 def test_reading_through_a_dict_keeps_nothing_of_what_was_not_admitted(small_heap):
     # A loop over a big dict (or any get_many) marks every key it reads as handed out, and
     # the marks of the entries W-TinyLFU declines to admit (most of a scan) are never dropped:
