@@ -31,7 +31,16 @@ from ._window_agg import WindowState
 __all__ = ["WindowArrival"]
 
 _F8 = np.float64
+_INF = math.inf
+_NINF = -math.inf
 _INFINITE_TS = "a sliding time window needs finite timestamps, got inf"
+
+
+def _ts_error(ts: Any) -> ValueError:
+    if ts is None:
+        return ValueError("a time window needs a numeric timestamp, its event time, for each "
+                          "tuple: append(record, ts=...)")
+    return ValueError(f"a time window needs a numeric timestamp, got {ts!r}")
 
 
 class _Cold:
@@ -71,6 +80,10 @@ class WindowArrival:
     _wm: float
     _next_slide: float
     _wins: list[WindowState]
+    _vi: int | None  # the value and weight columns of a numeric window
+    _wi: int | None
+    _vf: Callable[[Any], Any] | None  # and of a general one
+    _wf: Callable[[Any], Any] | None
 
     if TYPE_CHECKING:  # the engine's steps (structures.window._Windows)
         def _check_open(self) -> None: ...
@@ -90,21 +103,39 @@ class WindowArrival:
             return self._append_general
         return self._append_time if self.kind == "time" else self._append_count
 
-    def _append_time(self, record: Sequence[float], ts: float) -> None:
+    def _append_time(self, record: Sequence[float], ts: float | None = None) -> None:
         """Add one tuple with event time ``ts`` (the per-event path: a few numpy stores)."""
         try:
-            if not ts >= self._wm:   # (one comparison, also False for NaN)
+            if not ts >= self._wm:  # type: ignore[operator]  # (also False for NaN)
                 if ts != ts:
                     raise ValueError("a time window needs numeric timestamps, got NaN")
-                return self._late(record, ts)
+                return self._late(record, ts)  # type: ignore[arg-type]
         except TypeError:
-            raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+            raise _ts_error(ts) from None
         cur = self._cur
         i = cur.n
         try:
             cur.data[i] = record   # first: a refused record must not move the watermark
         except (ValueError, TypeError):
             raise self._bad_record(record) from None
+        # finite value and weight (row i is not counted until cur.n moves: a refusal leaves
+        # nothing); read from the record, a float compare, else from the stored row
+        vi = self._vi
+        if vi is not None:
+            try:
+                if not _NINF < record[vi] < _INF:
+                    raise self._not_finite(record)
+            except (TypeError, IndexError):
+                if not _NINF < float(cur.data[i, vi]) < _INF:
+                    raise self._not_finite(record) from None
+        wi = self._wi
+        if wi is not None:
+            try:
+                if not _NINF < record[wi] < _INF:
+                    raise self._not_finite(record)
+            except (TypeError, IndexError):
+                if not _NINF < float(cur.data[i, wi]) < _INF:
+                    raise self._not_finite(record) from None
         if ts > self._next_slide:
             self._slide_to(ts)     # row i is not counted yet (cur.n), and the slide keeps cur
         self._wm = ts
@@ -120,6 +151,22 @@ class WindowArrival:
             cur.data[i] = record
         except (ValueError, TypeError):
             raise self._bad_record(record) from None
+        vi = self._vi   # finite value and weight: as _append_time checks them
+        if vi is not None:
+            try:
+                if not _NINF < record[vi] < _INF:
+                    raise self._not_finite(record)
+            except (TypeError, IndexError):
+                if not _NINF < float(cur.data[i, vi]) < _INF:
+                    raise self._not_finite(record) from None
+        wi = self._wi
+        if wi is not None:
+            try:
+                if not _NINF < record[wi] < _INF:
+                    raise self._not_finite(record)
+            except (TypeError, IndexError):
+                if not _NINF < float(cur.data[i, wi]) < _INF:
+                    raise self._not_finite(record) from None
         cur.ts[i] = 0.0 if ts is None else ts
         cur.n = i + 1
         if i + 1 == self._codec.capacity:
@@ -135,8 +182,9 @@ class WindowArrival:
                         raise ValueError("a time window needs numeric timestamps, got NaN")
                     return self._late(record, ts)  # type: ignore[arg-type]
             except TypeError:
-                raise ValueError(f"a time window needs a numeric timestamp, got {ts!r}") from None
+                raise _ts_error(ts) from None
         size = self._codec.record_size(record)  # first: a refused record changes nothing
+        self._check_general(record)
         if self.kind == "time":
             if ts > self._next_slide:  # type: ignore[operator]
                 self._slide_to(ts)  # type: ignore[arg-type]
@@ -151,6 +199,36 @@ class WindowArrival:
         if self.kind == "count" and cur.start + cur.n >= self._next_slide:
             self._slide_count()
 
+    def _not_finite(self, record: Any) -> ValueError:
+        """The sums are kept by adding a tuple when it arrives and subtracting it when it
+        expires: a NaN or infinite value or weight (nan - nan, inf - inf) would leave every
+        later result NaN, long after its tuple left. Refused, as a bad record."""
+        return ValueError(f"a window's values and weights must be finite numbers, got "
+                          f"{record!r}")
+
+    def _check_general(self, record: Any) -> None:
+        """A general window's value and weight of ``record``: finite numbers."""
+        for f in (self._vf, self._wf):
+            if f is not None:
+                x = f(record)
+                try:
+                    ok = -_INF < x < _INF
+                except TypeError:
+                    raise ValueError(f"a window's values and weights must be numbers, got "
+                                     f"{x!r} from {record!r}") from None
+                if not ok:
+                    raise self._not_finite(record)
+
+    def _check_rows(self, rows: np.ndarray) -> None:
+        """A batch of numeric records: finite values and weights, else refused whole."""
+        for c in (self._vi, self._wi):
+            if c is not None:
+                bad = np.flatnonzero(~np.isfinite(rows[:, c]))
+                if len(bad):
+                    raise ValueError(f"a window's values and weights must be finite numbers: "
+                                     f"record {int(bad[0])} of the batch is "
+                                     f"{tuple(rows[bad[0]].tolist())!r}")
+
     def _bad_record(self, record: Any) -> ValueError:
         assert self.columns is not None
         return ValueError(f"a record of this window is {len(self.columns)} numbers "
@@ -162,6 +240,15 @@ class WindowArrival:
         self._check_open()
         if ts is None and self.kind == "time":
             pairs = list(batch)
+            for p in pairs:
+                try:
+                    pair = len(p) == 2
+                except TypeError:
+                    pair = False
+                if not pair:
+                    raise ValueError(f"extend() on a time window needs the event times: "
+                                     f"extend(records, ts=...) or (record, ts) pairs; got "
+                                     f"{p!r} as a pair")
             batch = [p[0] for p in pairs]
             ts = [p[1] for p in pairs]
         if self.columns is None:
@@ -192,6 +279,7 @@ class WindowArrival:
         tsa = np.zeros(n, _F8) if ts is None else np.asarray(ts, _F8).reshape(-1)
         if len(tsa) != n:
             raise ValueError(f"extend() got {n} records and {len(tsa)} timestamps")
+        self._check_rows(rows)
         if self.kind == "count":
             self._ingest_count(rows, tsa)
             return
@@ -277,10 +365,12 @@ class WindowArrival:
             row = np.asarray(record, _F8).reshape(1, -1)
             if row.shape[1] != len(self.columns):
                 raise self._bad_record(record)
+            self._check_rows(row)
             record = tuple(row[0].tolist())
             p = self._partial(np.array([ts]), row, 0, 1)
         else:
             self._codec.record_size(record)
+            self._check_general(record)
             p = self._partial(np.array([ts]), [record], 0, 1)
         cold = self._cold
         cold.late_accepted += 1

@@ -94,8 +94,6 @@ def _feed_after_a_bad_value(window, bad, *, timed=True):
     return window.result()
 
 
-@pytest.mark.xfail(strict=True, reason="structures/_window_agg.py: one NaN/inf value poisons "
-                                       "the subtractable sums for good (see the s10 report)")
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 @pytest.mark.parametrize("shape", ["numeric-time", "numeric-count", "general-count"])
 def test_a_nan_or_infinite_value_does_not_outlive_its_tuple(bad, shape):
@@ -120,9 +118,6 @@ def test_a_nan_or_infinite_value_does_not_outlive_its_tuple(bad, shape):
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="structures/_window_arrival.py extend(): a time window's "
-                                       "batch without ts is read as (record, ts) pairs and the "
-                                       "error names a shape the caller never passed")
 def test_time_window_extend_without_timestamps_says_so():
     """The tutorial's VWAP window fed a batch as a count window is fed, `extend(ticks)`: the
     error said `got an array of shape (5,)` for a (5, 3) array (the batch was taken for
@@ -141,8 +136,6 @@ def test_time_window_extend_without_timestamps_says_so():
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="structures/_window_arrival.py append(): no ts on a time "
-                                       "window is a TypeError naming a private method")
 def test_time_window_append_without_timestamp_names_the_argument():
     """`vwap.append((1, 101.0, 200))` on a time window: TypeError
     `WindowArrival._append_time() missing 1 required positional argument: 'ts'`, a private
