@@ -453,6 +453,17 @@ class CacheableDict(Cacheable, MutableMapping):
         if self._meta["len"] != n:
             raise RuntimeError("dictionary changed size during iteration")
 
+    def _prefetch_target(self) -> tuple[Any, Any]:
+        """``prefetching(cache=this dict)``: the manager, and a key's encoding as this dict
+        stores it -- a key the dict takes for another (``2.0``, ``numpy.int64(2)`` for ``2``)
+        is read ahead under that key; one no stored key can stand for raises the manager's
+        ``TypeError`` naming its type, as a write of it would."""
+        encode = self._ns._encode_key
+
+        def encode_key(key: Any) -> bytes:
+            return encode(_write_key(key))
+        return self._manager, encode_key
+
     # -- the five abstract methods -----------------------------------------------------------
 
     def __getitem__(self, key: Any) -> Any:

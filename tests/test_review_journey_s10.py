@@ -342,8 +342,6 @@ def test_from_env_does_not_drop_a_disk_path_silently(tmp_path):
 
 # -- prefetching over a cacheable dict ---------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="structures/dict.py has no _prefetch_target: prefetching "
-                                       "encodes the dict's keys with the plain namespace's rules")
 @pytest.mark.parametrize("as_key", [float, "numpy"], ids=["float", "numpy-int64"])
 def test_prefetching_over_a_dict_takes_the_keys_the_dict_takes(tmp_path, as_key):
     """Keyed prefetching tutorial: `cache=` may be a cacheable dict, 'the keys are then that
