@@ -136,9 +136,10 @@ class WindowArrival:
             except (TypeError, IndexError):
                 if not _NINF < float(cur.data[i, wi]) < _INF:
                     raise self._not_finite(record) from None
-        if ts > self._next_slide:
-            self._slide_to(ts)     # row i is not counted yet (cur.n), and the slide keeps cur
-        self._wm = ts
+        # (ts is a number here: None or any other type failed the watermark test above)
+        if ts > self._next_slide:  # type: ignore[operator]
+            self._slide_to(ts)  # type: ignore[arg-type]  # row i is not counted yet, cur kept
+        self._wm = ts  # type: ignore[assignment]
         cur.ts[i] = ts
         cur.n = i + 1
         if i + 1 == self._codec.capacity:

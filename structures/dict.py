@@ -312,7 +312,7 @@ class CacheableDict(Cacheable, MutableMapping):
         return out
 
     @locked
-    def _scan_start(self) -> tuple[int, int]:
+    def _scan_start(self) -> tuple[int, int, int]:
         """Begin a loop over the keys: the log is made the order (dead slots dropped, once) and
         its length and generation are returned, for :meth:`_scan_log`."""
         if self._dead():
@@ -439,7 +439,7 @@ class CacheableDict(Cacheable, MutableMapping):
             self._ons.delete_many(ids)
         self._meta["order"], self._meta["tail"], self._meta["start"] = 0, [], 0
 
-    def _iter_keys(self, keys: list[Any]) -> Iterator[Any]:
+    def _iter_keys(self, keys: Iterable[Any]) -> Iterator[Any]:
         # dict's iterators raise at their next step once the dict changed size. A change that
         # kept the size (a key deleted, another added: the log grew) makes the loop skip the
         # keys deleted meanwhile, which a dict's loop never yields either.
