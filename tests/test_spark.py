@@ -113,7 +113,12 @@ def test_one_manager_per_worker_across_micro_batches(spark, tmp_path, unique_ns)
         model.update(k for k, *_ in outputs[b])
         _check_against_model(outputs[b], model)
     creations = cache.creations()
-    assert 1 <= len(creations) <= 2 and all(n == 1 for n in creations.values()), creations
+    # One manager per worker process, kept across the 10 micro-batches (40 tasks): every worker
+    # created it once. How many workers ran the tasks is Spark's: local[2] runs two tasks at
+    # a time, but the daemon keeps every idle worker it started, so a session whose earlier
+    # tests ran jobs from a thread pool and pandas UDFs (tests/test_review_spark_s10.py)
+    # hands these tasks to more than two (seen: four pids, each with one creation).
+    assert 1 <= len(creations) <= 4 and all(n == 1 for n in creations.values()), creations
     assert cache.last_committed_batch() == batches - 1
     assert cache.snapshot() == dict(model)
 
