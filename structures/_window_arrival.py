@@ -175,7 +175,9 @@ class WindowArrival:
         if cur.start + i + 1 >= self._next_slide:
             self._slide_count()
 
-    def _append_general(self, record: Any, ts: float | None = None) -> None:
+    def _append_general(self, record: Any, ts: float | None = None,
+                        size: int | None = None) -> None:
+        """(``size``: the record's, from ``extend``, which checked the record already.)"""
         if self.kind == "time":
             try:
                 if not ts >= self._wm:  # type: ignore[operator]
@@ -184,8 +186,9 @@ class WindowArrival:
                     return self._late(record, ts)  # type: ignore[arg-type]
             except TypeError:
                 raise _ts_error(ts) from None
-        size = self._codec.record_size(record)  # first: a refused record changes nothing
-        self._check_general(record)
+        if size is None:
+            size = self._codec.record_size(record)  # first: a refused record changes nothing
+            self._check_general(record)
         if self.kind == "time":
             if ts > self._next_slide:  # type: ignore[operator]
                 self._slide_to(ts)  # type: ignore[arg-type]
@@ -220,6 +223,31 @@ class WindowArrival:
                 if not ok:
                     raise self._not_finite(record)
 
+    def _check_batch(self, records: list, tss: list) -> list[int]:
+        """What ``append`` would refuse in a batch of general records, checked before any of
+        them goes in: each record's encoding (its size, returned) and value and weight, and
+        on a time window each timestamp against the watermark the batch moves."""
+        sizes = [self._codec.record_size(rec) for rec in records]
+        for rec in records:
+            self._check_general(rec)
+        if self.kind == "time":
+            wm = self._wm
+            raising = self._cold.on_late == "raise"
+            for t in tss:
+                try:
+                    if not t >= wm:
+                        if t != t:
+                            raise ValueError("a time window needs numeric timestamps, got NaN")
+                        if raising and t < wm - self.lateness:
+                            raise self._late_error(t, wm)
+                        continue
+                except TypeError:
+                    raise _ts_error(t) from None
+                if t == _INF and self.slide is not None:
+                    raise ValueError(_INFINITE_TS)
+                wm = t
+        return sizes
+
     def _check_rows(self, rows: np.ndarray) -> None:
         """A batch of numeric records: finite values and weights, else refused whole."""
         for c in (self._vi, self._wi):
@@ -237,7 +265,8 @@ class WindowArrival:
 
     def extend(self, batch: Any, ts: Any = None) -> None:
         """Add many tuples: ``extend(records, ts)`` with parallel sequences or numpy arrays (the
-        vectorised path for numeric windows), or ``extend(pairs)`` of ``(record, ts)``."""
+        vectorised path for numeric windows), or ``extend(pairs)`` of ``(record, ts)``. A batch
+        is refused whole: a bad record or timestamp anywhere leaves the window unchanged."""
         self._check_open()
         if ts is None and self.kind == "time":
             pairs = list(batch)
@@ -254,17 +283,17 @@ class WindowArrival:
             ts = [p[1] for p in pairs]
         if self.columns is None:
             records = list(batch)   # any iterable, a generator too
-            if ts is None:
-                for rec in records:
-                    self.append(rec)
-                return
-            tss = list(ts)
+            tss = [None] * len(records) if ts is None else list(ts)
             # zip would drop the records past the shorter side without a word
             if len(tss) != len(records):
                 raise ValueError(f"extend() got {len(records)} records and {len(tss)} "
                                  "timestamps")
-            for rec, t in zip(records, tss):
-                self.append(rec, t)
+            # a refused batch changes nothing, as a numeric one: checked whole first (it went
+            # in a record at a time, so a bad record at i left records 0..i-1 in the window)
+            sizes = self._check_batch(records, tss)
+            append = self._append_general
+            for rec, t, size in zip(records, tss, sizes):
+                append(rec, t, size)
             return
         if not hasattr(batch, "__len__"):
             batch = list(batch)   # numpy reads a generator as one object
