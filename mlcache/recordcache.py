@@ -27,7 +27,8 @@ How the pieces cooperate (the policy decides, the record cache acts, the manager
 * **Failure**: a listener that raises stops the flush; the error reaches the caller of
   ``flush()``/``put()``. Batches every listener took are done (written, never forwarded again);
   the rest return to the front of their namespace's dirty order, with the listeners that did
-  take the failed batch remembered, so a retry gives each listener exactly what it missed.
+  take the failed batch remembered, so a retry gives each listener exactly what it missed;
+  a key updated since goes to every listener, with as ``old`` the value each saw last.
   A store failure while the forwarded entries are queued (a level down, the write-back buffer
   full) stops the flush the same way, after the batch: the rest of the cut is pending again.
 
@@ -120,6 +121,10 @@ class RecordCache:
         self._old: dict[bytes, Any] = {}      # pending key -> value last flushed
         self._held: dict[bytes, Any] = {}     # pending key not in the heap -> its new value
         self._partial: dict[bytes, set[tuple[int, int]]] = {}  # key -> _idents that took it
+        # key -> {_ident: the value that listener took} for the listeners that took a record of
+        # a failed batch: their next record of the key carries it as old (each listener's old
+        # is the last value it saw; the others' is the last value every listener saw)
+        self._seen: dict[bytes, dict[tuple[int, int], Any]] = {}
         self._cuts: deque[_Cut] = deque()
         # Old values held outside the heap's count (a delete's, an update's): the weight each
         # had in the heap; past the budget, the next write cuts their namespaces.
@@ -421,16 +426,14 @@ class RecordCache:
 
     def _call(self, listeners: list[Callable], chunk: list, name: str | None, n: int,
               reason: str) -> None:
-        partial = self._partial
+        partial, seen = self._partial, self._seen
         users = [(decode_key(kb[n:]), new, old) for kb, new, old in chunk]
         idents = None
         for lid, fn in enumerate(listeners):
-            if partial:
+            if partial or seen:
                 if idents is None:
                     idents = _idents(listeners)
-                ident = idents[lid]
-                batch = FlushBatch((u for u, (kb, _, _) in zip(users, chunk)
-                                    if ident not in partial.get(kb, ())), name, reason)
+                batch = FlushBatch(self._view(users, chunk, idents[lid]), name, reason)
             else:
                 batch = FlushBatch(users, name, reason)
             if batch:
@@ -439,11 +442,26 @@ class RecordCache:
                 except BaseException:
                     took = _idents(listeners)[:lid]
                     with self.manager._lock:
-                        for kb, _, _ in chunk:
+                        for kb, new, _ in chunk:
                             partial.setdefault(kb, set()).update(took)
+                            saw = seen.setdefault(kb, {})
+                            for ident in took:
+                                saw[ident] = new
                     raise
         self.stats_counts["forwarded"] += len(chunk)
         self.stats_counts["batches"] += 1
+
+    def _view(self, users: list, chunk: list, ident: tuple[int, int]) -> Iterable[tuple]:
+        """Listener ``ident``'s records of a chunk after a failure: without those it took
+        already, and with, as old, the value it took last of a key updated since."""
+        partial, seen = self._partial, self._seen
+        for u, (kb, _, _) in zip(users, chunk):
+            if ident in partial.get(kb, ()):
+                continue
+            saw = seen.get(kb)
+            if saw is not None and ident in saw:
+                u = (u[0], u[1], saw[ident])
+            yield u
 
     def _written(self, chunk: list) -> None:
         """Lock taken: forwarded entries still holding the forwarded value go down, clean."""
@@ -453,10 +471,12 @@ class RecordCache:
         written = 0
         store = bool(m._levels)
         with m._lock:
-            partial = self._partial
+            partial, seen = self._partial, self._seen
             for kb, new, _ in chunk:
                 if partial:
                     partial.pop(kb, None)
+                if seen:
+                    seen.pop(kb, None)
                 if kb not in heap.dirty or data.get(kb, _MISSING) is not new:
                     continue   # evicted (already queued), deleted, or updated since the cut
                 if kb in heap.pinned:

@@ -9,6 +9,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mlcache import CacheConfig, CacheManager, DedupConfig, DiskConfig, RedisConfig
 from mlcache.structures import Aggregate, SharedWindows, SlidingWindow
 
 
@@ -183,3 +184,47 @@ def test_a_refused_extend_changes_nothing(numeric, bad):
     w.extend(recs[:2], tss[:2])          # the retry of the good part counts it once
     assert w.result().count == 3 and slides == [(0.0, 1), (1.0, 2), (2.0, 2)]
     w.close()
+
+
+# -- the record cache --------------------------------------------------------------------------
+
+def _record_cache(tmp_path, **dedup):
+    return CacheManager(CacheConfig(levels=(DiskConfig(path=str(tmp_path / "disk")),),
+                                    namespace="t", dedup=DedupConfig(**dedup)))
+
+
+def test_each_listener_gets_as_old_the_value_it_saw_last_after_a_failure(tmp_path):
+    """The how-to's roll-up (a running total of new - old) beside a sink that was down for
+    one flush: the roll-up took ('home', 3, None), the sink raised, 'home' was updated to 4,
+    and the retry gave both ('home', 4, None); the roll-up's total read 7 for a key worth 4.
+    The one old kept per key was the value every listener had seen, right for the sink only."""
+    m = _record_cache(tmp_path)
+    total = {"all": 0}
+    down = {"on": True}
+    sent = []
+
+    def roll_up(batch):
+        for _, new, old in batch:
+            total["all"] += (new or 0) - (old or 0)
+
+    def sink(batch):
+        if down["on"]:
+            raise ConnectionError("sink down")
+        sent.extend(batch)
+
+    m.on_flush(roll_up)
+    m.on_flush(sink)
+    m.put("home", 3)
+    m.put("cart", 1)
+    with pytest.raises(ConnectionError):
+        m.flush()
+    m.put("home", 4)            # updated while pending
+    m.delete("cart")            # deleted while pending
+    down["on"] = False
+    m.flush()
+    assert total["all"] == 4
+    assert sorted(sent, key=str) == [("cart", None, None), ("home", 4, None)]
+    m.put("home", 5)            # after a clean flush, one old for everyone again
+    m.flush()
+    assert total["all"] == 5 and sent[-1] == ("home", 5, 4)
+    m.close()
