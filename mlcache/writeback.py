@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .codec import Encoded
 from .errors import CacheError, LevelUnavailableError
+from .levels.base import HeldVictims
 from .stats import Stats
 
 __all__ = ["EvictionBuffer", "WriteBack"]
@@ -167,6 +168,11 @@ class WriteBack:
                  writer_threads: int) -> None:
         self.levels = list(levels)
         self.names = list(names)
+        for level in self.levels[:-1]:
+            # a level that can keeps its victims until the level below holds them (_write)
+            hold = getattr(level, "hold_victims", None)
+            if hold is not None:
+                hold()
         self.lock = lock                    # the manager's lock: buffer, tombstones, wseq
         self.io_lock = threading.Lock()     # serialises every write to the byte levels
         self._start_lock = threading.Lock()  # one set of writer threads per process
@@ -435,10 +441,15 @@ class WriteBack:
     def _write(self, index: int, items: list[tuple[bytes, bytes]]) -> None:
         """Put ``items`` into level ``index`` and cascade its victims down; io_lock held.
 
-        On failure the entries that had not reached a level go back to that level's buffer.
+        A level holding its victims (``hold_victims``, see :mod:`mlcache.levels.base`)
+        still stores them when it returns them: they are released only once the level below
+        holds them, so another process reading one meanwhile finds it above, never the older
+        copy below. On failure the entries that had not reached a level go back to that
+        level's buffer, except held victims, which simply stay where they are.
         """
         last = len(self.levels) - 1
-        carry = items
+        carry: list[tuple[bytes, Any]] = items
+        held: HeldVictims | None = None     # carry, still stored in level i - 1
         i = index
         while carry and i <= last:
             level = self.levels[i]
@@ -448,7 +459,10 @@ class WriteBack:
             try:
                 victims = level.put_many(carry)
             except Exception as exc:
-                self._requeue(i, carry)
+                if held is None:
+                    self._requeue(i, carry)
+                else:
+                    self._keep_held(i - 1, held)
                 # a failed write that may have been applied (a bounded Redis level's EXEC
                 # whose reply was lost) names the victims it may have removed: queued below
                 maybe = getattr(exc, "maybe_victims", None)
@@ -458,18 +472,50 @@ class WriteBack:
             st.writes += 1
             st.keys_written += len(carry)
             st.bytes_written += sum(len(v) for _, v in carry)
+            if held is not None:
+                self._release(i - 1, held)
             if i < last:
                 self.newer[i].update(k for k, _ in carry)
                 if self.unsure[i]:
                     self.unsure[i].difference_update(k for k, _ in carry)
+            held = None
             if victims:
                 st.evictions["overflow"] += len(victims)
                 if i < last:
-                    self.newer[i].difference_update(k for k, _ in victims)
+                    if isinstance(victims, HeldVictims):
+                        held = victims      # newer here than below until the next write
+                    else:
+                        self.newer[i].difference_update(k for k, _ in victims)
                 elif level.lossy:
                     st.evictions["dropped"] += len(victims)
             carry = list(victims or ())
             i += 1
+
+    def _keep_held(self, index: int, held: HeldVictims) -> None:
+        """Writing the victims level ``index`` holds to the level below failed: they stay
+        there, newer than below (a checkpoint copies them). A value it passed through (not
+        stored) goes back to that level's queue, ahead of its older copy, which stays too
+        (our reads see the queue first; the next write passes the value through again and
+        releases the older copy once the level below holds the value)."""
+        passed = {k for k, _ in held.passed}
+        self.newer[index].update(k for k, _ in held if k not in passed)
+        if held.passed:
+            self._requeue(index, held.passed)
+
+    def _release(self, index: int, held: HeldVictims) -> None:
+        """The level below level ``index`` holds its victims ``held``: release them there.
+        If that fails (the level unreachable), a victim left there has the value below, which
+        is harmless (it is evicted and released again later), but an older copy of a value
+        passed through would hide the newer one below: that value is written again."""
+        self.newer[index].difference_update(k for k, _ in held)
+        try:
+            self.levels[index].release(held)
+        except CacheError:
+            self.stats.writeback["unreleased"] += len(held.held)
+            olds = {k for k, _ in held.held}
+            again = [(k, v) for k, v in held.passed if k in olds]
+            if again:
+                self._requeue(index, again)
 
     def _requeue(self, index: int, items: list[tuple[bytes, bytes]]) -> None:
         with self.lock:

@@ -178,10 +178,6 @@ def test_the_embedded_redis_does_not_outlive_a_killed_driver(sig):
             driver.wait()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a bounded Redis level removes its victims (UNLINK in the EXEC) before the level below "
-    "holds them: in between, another process reads the disk's older copy (levels/redis.py "
-    "_put_bounded and writeback._write; found as lost updates by a Spark job on local[2])"))
 def test_a_redis_victim_stays_readable_by_other_processes_until_the_disk_holds_it(
         redis_url, unique_ns, tmp_path):
     # Two managers on one Redis and one disk directory: two Spark workers of one host. b owns

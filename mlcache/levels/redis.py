@@ -24,6 +24,7 @@ retries later, it never drops them.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -41,7 +42,7 @@ from ..config import RedisConfig, redacted_url
 from ..errors import CacheError, CapacityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
 from ._resp import request_values
-from .base import Victims
+from .base import HeldVictims, Victims
 
 __all__ = ["RedisLevel", "glob_escape"]
 
@@ -55,6 +56,28 @@ _READ_SIZE = 1 << 20   # bytes asked of the socket per read (redis-py's default:
 _DIRECT = 4 * 1024
 _IOV = 512             # buffers per sendmsg (the kernel takes at most IOV_MAX, 1024 on Linux)
 _GLOB = re.compile(rb"([*?\[\]\\])")
+_RELEASE_CHUNK = 512   # held victims released per script call
+# Removes each held victim (KEYS[3:]) whose value is still the one handed down (ARGV), from
+# the LRU set (KEYS[2]) too, and takes their bytes off the counter (KEYS[1]), atomically: a
+# value another process wrote meanwhile stays. Value equality, not a version: if the level
+# holds the very bytes the level below now holds, removing them changes no read's answer.
+_RELEASE = """
+local gone, freed = {}, 0
+for i = 3, #KEYS do
+  local v = ARGV[i - 2]
+  if redis.call('GET', KEYS[i]) == v then
+    gone[#gone + 1] = KEYS[i]
+    freed = freed + #v
+  end
+end
+if #gone > 0 then
+  redis.call('UNLINK', unpack(gone))
+  redis.call('ZREM', KEYS[2], unpack(gone))
+  redis.call('DECRBY', KEYS[1], freed)
+end
+return freed
+"""
+_RELEASE_SHA = hashlib.sha1(_RELEASE.encode()).hexdigest()
 
 
 def glob_escape(data: bytes) -> bytes:
@@ -212,6 +235,9 @@ class RedisLevel:
         self.name = "redis"
         self.lossy = self.config.lossy
         self.may_evict = True
+        # set by hold_victims() (the write-back, on a level above another): victims stay
+        # stored until release(), once the level below holds them
+        self._holds = False
         self.max_bytes = self.config.max_bytes
         self.prefix = self.config.prefix.encode() + b":"
         self._meta = self.config.prefix.encode() + b"\x00"
@@ -435,6 +461,15 @@ class RedisLevel:
         if not bounded:
             return []
         limit = self.max_bytes
+        if self._holds and self.may_evict:
+            # The EXEC removes nothing the caller needs back (victims stay until released):
+            # a retry after a lost reply simply plans again, no marker needed.
+            try:
+                return self._run("put", lambda client: self._put_bounded(
+                    client, bounded, limit, None, None))
+            except LevelUnavailableError as exc:
+                self._raise_if_over_bulk_limit(bounded, exc)
+                raise
         # If the connection drops after EXEC reached the server, the retry must not plan again
         # as if nothing happened: the victims of the applied plan would be gone from Redis and
         # never handed back. The transaction sets a marker; a retry that finds it returns the
@@ -530,9 +565,42 @@ class RedisLevel:
                 yield member[plen:], size
             start += len(members)
 
+    def hold_victims(self) -> None:
+        """Keep victims stored until ``release`` (called by the write-back on a level above
+        another; see :mod:`mlcache.levels.base`). ``put_many`` then returns
+        :class:`~mlcache.levels.base.HeldVictims` and removes none of them itself: the
+        level is over ``max_bytes`` by at most their size (and the size of the older copies
+        of values it passed through) until they are released. Without it (the last level,
+        a level used on its own) victims leave in the same transaction as the write."""
+        self._holds = True
+
+    def release(self, victims: HeldVictims) -> None:
+        """Remove the victims ``put_many`` held, now that the level below holds them: each
+        one only if it still has the value handed down (a newer value written meanwhile by
+        another process stays, above the older copy below), with its LRU entry and its bytes
+        on the counter, atomically (a Lua script; idempotent, so retried like any call)."""
+        held = getattr(victims, "held", None)
+        if not held:
+            return
+        head = [self._bytes_key, self._lru_key]
+
+        def go(client: redis.Redis) -> None:
+            for chunk in _chunks(held, _RELEASE_CHUNK):
+                keys = [*head, *(self.prefix + k for k, _ in chunk)]
+                args = [v for _, v in chunk]
+                try:
+                    client.evalsha(_RELEASE_SHA, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    client.eval(_RELEASE, len(keys), *keys, *args)
+
+        self._run("release", go)
+
     def _put_bounded(self, client: redis.Redis, batch: dict[bytes, bytes], limit: int,
-                     marker: bytes, pending: list[Victims]) -> Victims:
+                     marker: bytes | None, pending: list[Victims] | None) -> Victims:
+        """One bounded write (see the module docstring). ``marker`` None: the level holds its
+        victims (``hold_victims``) and returns :class:`HeldVictims`."""
         self._ensure_accounting(client)
+        hold = marker is None
         keys = list(batch)
         new = {k: len(v) for k, v in batch.items()}
         with client.pipeline(transaction=True) as pipe:
@@ -548,6 +616,8 @@ class RedisLevel:
                             pipe.unwatch()
                             raise capacity_error(self.name, used, adding, limit)
                     plan = plan_fit(used, limit, new, old, self._candidates(client))
+                    if hold:
+                        return self._hold_plan(client, pipe, batch, plan, old)
                     victims: Victims = []
                     if plan.evict:
                         values: Any = client.mget([self.prefix + k for k in plan.evict])
@@ -565,6 +635,7 @@ class RedisLevel:
                         now = time.time()
                         pipe.zadd(self._lru_key, {k: now for k in stay})
                     pipe.incrby(self._bytes_key, plan.used_after - used)
+                    assert marker is not None and pending is not None
                     pipe.set(marker, b"1", ex=600)
                     result = victims if self.may_evict else []
                     pending.append(result)
@@ -577,6 +648,35 @@ class RedisLevel:
                 except redis.WatchError as exc:
                     _raise_if_connection_lost(exc)
                     continue
+
+    def _hold_plan(self, client: redis.Redis, pipe: Any, batch: dict[bytes, bytes],
+                   plan: Any, old: dict[bytes, int]) -> HeldVictims:
+        """``_put_bounded``'s transaction when the level holds its victims (the counter
+        watched, ``plan`` made): write the batch but remove nothing; return the victims read
+        (and, for a key whose new value is passed through, its older copy) as held."""
+        read = [*plan.evict, *(k for k in plan.passthrough if k in old)]
+        stored: dict[bytes, bytes] = {}
+        if read:
+            values: Any = client.mget([self.prefix + k for k in read])
+            stored = {k: v for k, v in zip(read, values) if v is not None}
+        passed = [(k, batch[k]) for k in plan.passthrough]
+        skip = set(plan.passthrough)
+        stay = {k: v for k, v in batch.items() if k not in skip}
+        # the counter changes by what the batch replaces only: victims and the older copies
+        # of passed-through values stay (and count) until released
+        delta = sum(len(v) - old.get(k, 0) for k, v in stay.items())
+        pipe.multi()
+        stale = [self.prefix + k for k in plan.evict if k not in stored]
+        if stale:   # in the LRU set, gone from the store (deleted by other means)
+            pipe.zrem(self._lru_key, *stale)
+        if stay:
+            pipe.mset({self.prefix + k: v for k, v in stay.items()})
+            now = time.time()
+            pipe.zadd(self._lru_key, {self.prefix + k: now for k in stay})
+        pipe.incrby(self._bytes_key, delta)
+        pipe.execute()
+        evicted = [(k, stored[k]) for k in plan.evict if k in stored]
+        return HeldVictims(evicted + passed, list(stored.items()), passed)
 
     def put(self, key: bytes, value: bytes) -> Victims:
         return self.put_many([(key, value)])
