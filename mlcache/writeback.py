@@ -4,7 +4,9 @@ Entries flow down only. A dirty heap victim is encoded by the thread that evicte
 the :class:`EvictionBuffer`, one ordered dict per destination level (``pending[0]`` feeds the
 first byte level). Writer threads drain it in batches: one ``put_many`` per level per batch.
 When a byte level overflows it returns its own victims, which the same batch writes to the level
-below before it finishes, so an entry is never in no place. The last level is the store of
+below before it finishes, so an entry is never in no place. A shared level that can (a bounded
+Redis level) keeps them until then, and releases them once the level below holds them, so it
+is never in no place *another process* can see either. The last level is the store of
 record and refuses to drop (``may_evict = False``) unless it is lossy.
 
 Ordering rules that keep reads exact:
@@ -501,6 +503,11 @@ class WriteBack:
         self.newer[index].update(k for k, _ in held if k not in passed)
         if held.passed:
             self._requeue(index, held.passed)
+        try:
+            # their leases end: any write may evict them again (or they expire by themselves)
+            self.levels[index].release(held, remove=False)
+        except CacheError:
+            pass
 
     def _release(self, index: int, held: HeldVictims) -> None:
         """The level below level ``index`` holds its victims ``held``: release them there.

@@ -95,6 +95,52 @@ def test_a_victim_rewritten_before_its_release_keeps_the_newer_value(redis_url, 
         other.close()
 
 
+def test_a_held_victim_is_handed_down_by_one_process_at_a_time(redis_url, unique_ns):
+    # Were another write to evict it too, the two could write it below out of order (one
+    # slow with v1, the other quick with a v2 written meanwhile): v1 would land last.
+    a, b, c = (_level(redis_url, unique_ns, 1_000) for _ in range(3))
+    try:
+        a.put_many([(b"a%d" % i, b"x" * 100) for i in range(10)])
+        held = a.put_many([(b"b", b"y" * 100)])
+        assert [k for k, _ in held] == [b"a0"]
+        v2 = b"v" * 100
+        rewrote = b.put_many([(b"a0", v2)])              # rewritten while a holds it
+        assert [k for k, _ in rewrote] == [b"a1"]
+        b.release(rewrote)
+        # a0 counts as on its way out (leased): c takes the next victims, never a0
+        taken = c.put_many([(b"c", b"z" * 250)])
+        assert [k for k, _ in taken] == [b"a2", b"a3"]
+        c.release(taken)
+        a.release(held)                                  # changed: stays, lease ended
+        assert _raw(redis_url, unique_ns, b"a0") == v2
+        # over the bound by a0 until the next write, which may evict it now
+        assert _exact(a, redis_url, unique_ns) == 1_050
+        later = c.put_many([(b"d", b"w" * 900)])
+        assert (b"a0", v2) in later
+        c.release(later)
+        assert _exact(a, redis_url, unique_ns) <= 1_000
+    finally:
+        for level in (a, b, c):
+            level.close()
+
+
+def test_a_failed_hand_down_ends_the_leases_and_keeps_the_victims(redis_url, unique_ns):
+    a, c = _level(redis_url, unique_ns, 1_000), _level(redis_url, unique_ns, 1_000)
+    try:
+        a.put_many([(b"a%d" % i, b"x" * 100) for i in range(10)])
+        held = a.put_many([(b"b", b"y" * 100)])
+        a.release(held, remove=False)                    # the level below failed
+        assert _raw(redis_url, unique_ns, b"a0") == b"x" * 100
+        assert _exact(a, redis_url, unique_ns) == 1_100
+        taken = c.put_many([(b"c", b"z" * 100)])         # evicted again, by anyone
+        assert [k for k, _ in taken] == [b"a0", b"a1"]
+        c.release(taken)
+        assert _exact(a, redis_url, unique_ns) == 1_000
+    finally:
+        a.close()
+        c.close()
+
+
 def test_an_older_copy_of_a_value_passed_through_stays_until_released(redis_url, unique_ns):
     # A value larger than the level is not stored; its older copy here stays (readers find
     # it, not the even older one below) until the level below holds the new value.

@@ -17,7 +17,9 @@ the key in between would find the older copy below. The write-back therefore cal
 victims it reads stored and returns them as :class:`HeldVictims`; the caller writes them to
 the level below, then calls ``release(victims)``, which removes each one only if the level
 still holds the very bytes it returned (a newer value written meanwhile stays, above the
-older copy below). Until then the level is over its bound by at most the held victims' size.
+older copy below); ``release(victims, remove=False)`` when writing them below failed: they
+stay. Until then the level is over its bound by at most the held victims' size, and no other
+writer evicts a held victim (one process at a time hands a key down).
 """
 from __future__ import annotations
 
@@ -73,4 +75,4 @@ class HoldsVictims(Protocol):
 
     def hold_victims(self) -> None: ...
 
-    def release(self, victims: HeldVictims) -> None: ...
+    def release(self, victims: HeldVictims, remove: bool = True) -> None: ...

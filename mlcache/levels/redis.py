@@ -12,8 +12,13 @@ optimistic transaction: ``WATCH`` the counter, read the sizes the batch replaces
 (:mod:`mlcache.levels._fit`, least recently accessed first), then ``MULTI``/``EXEC`` the whole
 change; a concurrent writer touches the counter, so the plan is redone instead of corrupting
 the bound. Victims are returned to the manager, or ``CapacityError`` is raised before anything
-changes when this level is the store of record. An unbounded level keeps no accounting and pays
-nothing for it. A Lua script would do the same in one round trip but would keep the eviction
+changes when this level is the store of record. Above another level (``hold_victims``, set by
+the write-back) the transaction removes no victim: they stay stored, counted and leased
+(``prefix + "\x00held"``: key -> lease expiry; no other writer evicts them) until ``release``,
+after the level below holds them, removes those still unchanged; until then the level is over
+``max_bytes`` by at most the held victims' size. Another process reading a victim meanwhile
+finds it here, never the older copy below. The last level (nothing below) removes its
+victims in the transaction. An unbounded level keeps no accounting and pays nothing for it. A Lua script would do the same in one round trip but would keep the eviction
 arithmetic in a second language; the batch sizes the manager uses make the extra round trips cheap.
 
 Connections are made lazily and rebuilt when ``os.getpid()`` changes, so a level created before a
@@ -57,19 +62,28 @@ _DIRECT = 4 * 1024
 _IOV = 512             # buffers per sendmsg (the kernel takes at most IOV_MAX, 1024 on Linux)
 _GLOB = re.compile(rb"([*?\[\]\\])")
 _RELEASE_CHUNK = 512   # held victims released per script call
-# Removes each held victim (KEYS[3:]) whose value is still the one handed down (ARGV), from
-# the LRU set (KEYS[2]) too, and takes their bytes off the counter (KEYS[1]), atomically: a
-# value another process wrote meanwhile stays. Value equality, not a version: if the level
-# holds the very bytes the level below now holds, removing them changes no read's answer.
+# A held victim is leased (a sorted set, key -> expiry) until released: no other process
+# evicts it meanwhile, so one process at a time hands a key down. Long enough for a write to
+# the level below that waits for its lock (DiskConfig.timeout, 60 s by default) and is
+# retried; a holder that dies leaves keys stored, counted, and out of eviction this long.
+_LEASE = 300.0
+# Gives up the lease of each held victim (KEYS[4:]) and, when ARGV[1] is "1", removes each one
+# whose value is still the one handed down (ARGV[2:]), from the LRU set (KEYS[2]) too, taking
+# its bytes off the counter (KEYS[1]), atomically: a value another process wrote meanwhile
+# stays. Value equality, not a version: if the level holds the very bytes the level below now
+# holds, removing them changes no read's answer.
 _RELEASE = """
 local gone, freed = {}, 0
-for i = 3, #KEYS do
-  local v = ARGV[i - 2]
-  if redis.call('GET', KEYS[i]) == v then
-    gone[#gone + 1] = KEYS[i]
-    freed = freed + #v
+if ARGV[1] == '1' then
+  for i = 4, #KEYS do
+    local v = ARGV[i - 2]
+    if redis.call('GET', KEYS[i]) == v then
+      gone[#gone + 1] = KEYS[i]
+      freed = freed + #v
+    end
   end
 end
+redis.call('ZREM', KEYS[3], unpack(KEYS, 4))
 if #gone > 0 then
   redis.call('UNLINK', unpack(gone))
   redis.call('ZREM', KEYS[2], unpack(gone))
@@ -243,6 +257,7 @@ class RedisLevel:
         self._meta = self.config.prefix.encode() + b"\x00"
         self._bytes_key = self._meta + b"bytes"
         self._lru_key = self._meta + b"lru"
+        self._held_key = self._meta + b"held"     # leases of held victims (_LEASE)
         self._lock = threading.Lock()
         self._client: redis.Redis | None = None
         self._pid: int | None = None
@@ -553,17 +568,34 @@ class RedisLevel:
             pipe.strlen(k)
         return [int(n) for n in pipe.execute()]
 
-    def _candidates(self, client: redis.Redis) -> Iterator[tuple[bytes, int]]:
-        """Stored entries, least recently accessed first: (key without prefix, size)."""
-        start = 0
+    def _candidates(self, client: redis.Redis, leased: dict[bytes, int] | None = None
+                    ) -> Iterator[tuple[bytes, int]]:
+        """Stored entries, least recently accessed first: (key without prefix, size).
+        ``leased`` (full key: size), victims other writes hold, come first: they are on their
+        way out, so a plan counts them as freed but does not take them (see ``_hold_plan``)."""
         plen = len(self.prefix)
+        if leased:
+            for member, size in leased.items():
+                yield member[plen:], size
+        start = 0
         while True:
             members: Any = client.zrange(self._lru_key, start, start + _PAGE - 1)
             if not members:
                 return
             for member, size in zip(members, self._sizes(client, members)):
-                yield member[plen:], size
+                if not leased or member not in leased:
+                    yield member[plen:], size
             start += len(members)
+
+    def _leased(self, client: redis.Redis, batch: dict[bytes, bytes]) -> dict[bytes, int]:
+        """The victims other writes hold now (their lease not expired), but the batch's own
+        keys: full key -> size."""
+        members: Any = client.zrangebyscore(self._held_key, time.time(), "+inf")
+        if not members:
+            return {}
+        plen = len(self.prefix)
+        members = [m for m in members if m[plen:] not in batch]
+        return dict(zip(members, self._sizes(client, members)))
 
     def hold_victims(self) -> None:
         """Keep victims stored until ``release`` (called by the write-back on a level above
@@ -574,20 +606,23 @@ class RedisLevel:
         a level used on its own) victims leave in the same transaction as the write."""
         self._holds = True
 
-    def release(self, victims: HeldVictims) -> None:
+    def release(self, victims: HeldVictims, remove: bool = True) -> None:
         """Remove the victims ``put_many`` held, now that the level below holds them: each
         one only if it still has the value handed down (a newer value written meanwhile by
         another process stays, above the older copy below), with its LRU entry and its bytes
-        on the counter, atomically (a Lua script; idempotent, so retried like any call)."""
+        on the counter, atomically (a Lua script; idempotent, so retried like any call).
+        Their leases end either way; ``remove=False`` (the level below does not hold them)
+        ends the leases only: they are stored here, and evicted again later."""
         held = getattr(victims, "held", None)
         if not held:
             return
-        head = [self._bytes_key, self._lru_key]
+        head = [self._bytes_key, self._lru_key, self._held_key]
+        flag = b"1" if remove else b"0"
 
         def go(client: redis.Redis) -> None:
             for chunk in _chunks(held, _RELEASE_CHUNK):
                 keys = [*head, *(self.prefix + k for k, _ in chunk)]
-                args = [v for _, v in chunk]
+                args = [flag, *(v if remove else b"" for _, v in chunk)]
                 try:
                     client.evalsha(_RELEASE_SHA, len(keys), *keys, *args)
                 except redis.exceptions.NoScriptError:
@@ -615,9 +650,10 @@ class RedisLevel:
                         if used + adding > limit:
                             pipe.unwatch()
                             raise capacity_error(self.name, used, adding, limit)
-                    plan = plan_fit(used, limit, new, old, self._candidates(client))
+                    leased = self._leased(client, batch) if hold else None
+                    plan = plan_fit(used, limit, new, old, self._candidates(client, leased))
                     if hold:
-                        return self._hold_plan(client, pipe, batch, plan, old)
+                        return self._hold_plan(client, pipe, batch, plan, old, leased or {})
                     victims: Victims = []
                     if plan.evict:
                         values: Any = client.mget([self.prefix + k for k in plan.evict])
@@ -650,10 +686,17 @@ class RedisLevel:
                     continue
 
     def _hold_plan(self, client: redis.Redis, pipe: Any, batch: dict[bytes, bytes],
-                   plan: Any, old: dict[bytes, int]) -> HeldVictims:
+                   plan: Any, old: dict[bytes, int], leased: dict[bytes, int]) -> HeldVictims:
         """``_put_bounded``'s transaction when the level holds its victims (the counter
         watched, ``plan`` made): write the batch but remove nothing; return the victims read
-        (and, for a key whose new value is passed through, its older copy) as held."""
+        (and, for a key whose new value is passed through, its older copy) as held, leased
+        to this write. Victims another write holds (``leased``) count as freed in the plan
+        but are left to it: were two processes to hand one key down at once, the older
+        value could reach the level below last (one holds v1 and is slow to write it; the
+        key is rewritten v2, evicted, written below and released by another; then v1 lands
+        below, over v2)."""
+        if leased:
+            plan.evict = [k for k in plan.evict if self.prefix + k not in leased]
         read = [*plan.evict, *(k for k in plan.passthrough if k in old)]
         stored: dict[bytes, bytes] = {}
         if read:
@@ -674,6 +717,10 @@ class RedisLevel:
             now = time.time()
             pipe.zadd(self._lru_key, {self.prefix + k: now for k in stay})
         pipe.incrby(self._bytes_key, delta)
+        if stored:
+            now = time.time()
+            pipe.zremrangebyscore(self._held_key, "-inf", now)     # expired leases
+            pipe.zadd(self._held_key, {self.prefix + k: now + _LEASE for k in stored})
         pipe.execute()
         evicted = [(k, stored[k]) for k in plan.evict if k in stored]
         return HeldVictims(evicted + passed, list(stored.items()), passed)
