@@ -233,22 +233,37 @@ def shared_level(config: CacheConfig) -> RedisConfig | DiskConfig:
 
 
 def check_shared_bounds(config: CacheConfig) -> None:
-    """Refuse a shared level with ``max_bytes`` above another level (:class:`ConfigError`).
+    """Refuse a shared level with ``max_bytes`` above another level when its victims could
+    leave it before a level the other workers read holds them (:class:`ConfigError`).
 
-    Its victims leave it (another process's keys among them: the bound is the level's, not a
-    process's) before the level below holds them, and a worker reading one of its own keys in
-    between gets the older copy below: lost updates (3 of 4,000 keys after 8 jobs on local[2]
-    with Redis bounded to 60 KB above the disk). Until the level keeps a victim until the level
-    below holds it (tests/test_review_spark_s10.py, the xfail), the bound goes on the last
-    level, which refuses a write it cannot hold instead of evicting."""
-    for level in config.levels[:-1]:
-        if isinstance(level, (RedisConfig, DiskConfig)) and level.max_bytes is not None:
+    A disk level evicts in its own transaction and hands its victims down afterwards: a
+    worker reading one of its keys in between gets the older copy below (lost updates: 3 of
+    4,000 keys after 8 jobs on local[2] with Redis bounded to 60 KB above the disk, before
+    the Redis level kept its victims). A Redis level keeps its victims, stored and leased,
+    until the level below holds them (tests/test_redis_victims_s11.py): accepted above shared
+    levels, refused above a process's own arena, where other workers would never find them.
+    Otherwise the bound goes on the last level, which refuses a write it cannot hold."""
+    levels = config.levels
+    for i, level in enumerate(levels[:-1]):
+        if not isinstance(level, (RedisConfig, DiskConfig)) or level.max_bytes is None:
+            continue
+        if isinstance(level, RedisConfig):
+            private = [lv for lv in levels[i + 1:] if not isinstance(lv, (RedisConfig,
+                                                                          DiskConfig))]
+            if not private:
+                continue
             raise ConfigError(
-                f"{level.kind}.max_bytes",
-                f"a {level.kind} level with a byte bound above another level is not coherent "
-                "between Spark workers: it evicts other processes' keys before the level "
-                "below holds them, and a worker reading one meanwhile gets an older copy; "
-                "leave it unbounded or make it the last level")
+                "redis.max_bytes",
+                f"a redis level with a byte bound above a {private[0].kind} level is not "
+                "coherent between Spark workers: its victims, other workers' keys among them, "
+                "go down into one process's memory, where the others never find them; put "
+                "the bound on a redis level above shared levels only, or leave it unbounded")
+        raise ConfigError(
+            f"{level.kind}.max_bytes",
+            f"a {level.kind} level with a byte bound above another level is not coherent "
+            "between Spark workers: it evicts other processes' keys before the level "
+            "below holds them, and a worker reading one meanwhile gets an older copy; "
+            "leave it unbounded or make it the last level")
 
 
 def open_epoch_store(config: CacheConfig) -> Any:
