@@ -285,7 +285,9 @@ class _Windows(WindowArrival):
             e = self._next_slide
             self._expire(e)
             self._emit(e)
-            self._next_slide = e + self.slide  # type: ignore[operator]
+            # the next multiple, k * slide: adding slide to the last one drifted (slide=0.1:
+            # the 1000th boundary was 99.9999999999986, not 100.0, and left out ts=100.0)
+            self._next_slide = (round(e / self.slide) + 1) * self.slide  # type: ignore[operator]
 
     def _slide_count(self) -> None:
         self._apply_pending()

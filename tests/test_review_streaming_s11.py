@@ -84,7 +84,7 @@ def test_windows_with_late_tuples_equal_a_recomputation(data, tmp_path_factory):
                 expected.append((e, [exact([r for tt, r in acc if e - rg < tt <= e], grouped,
                                            minmax)
                                      for rg in ranges]))
-                grid[0] = e + slide
+                grid[0] = (round(e / slide) + 1) * slide   # the next multiple
         acc.append((ts, row))
         wm[0] = max(wm[0], ts)
 
@@ -550,3 +550,25 @@ def test_event_detection_equals_the_app_over_scanned_lists(seed, tmp_path):
         got = detect(lambda t: m.quadtree(f"i{t}", BOUNDS, capacity=8, max_depth=10))
         assert m.stats()["levels"]["heap"]["evictions"].get("dirty", 0) > 0
     assert got == want
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_slide_boundaries_are_multiples_of_the_slide(batched):
+    """The next boundary was the last one plus slide, so with slide=0.1 the boundaries drifted
+    off the multiples the docs give: the 1000th was 99.9999999999986, an extra boundary
+    before the tuple at ts=100.0, and the window reported there, (99.4999999999986,
+    99.9999999999986], held ts=99.5 and not ts=100.0: sum 99.5 + ... + 99.9 instead of
+    99.6 + ... + 100.0."""
+    ends = []
+    w = SlidingWindow(0.5, slide=0.1, on_slide=lambda e, r: ends.append((e, r.sum)),
+                      columns=("v",), value="v")
+    ts = [k / 10 for k in range(1001)]
+    if batched:
+        w.extend([(t,) for t in ts], ts)
+    else:
+        for t in ts:
+            w.append((t,), t)
+    assert [e for e, _ in ends] == [k * 0.1 for k in range(1000)]
+    for e, total in ends[::37]:
+        assert total == pytest.approx(sum(t for t in ts if e - 0.5 < t <= e)), e
+    w.close()
