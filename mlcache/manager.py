@@ -77,6 +77,31 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def _release_dropped(wb: WriteBack, levels: list, pid: int) -> None:
+    """A manager garbage-collected without close(): stop its writer threads and close its
+    levels. Its writer threads refer to the write-back and the levels, not to the manager, so
+    they outlived it, each holding its levels' connections and files (a thread and three file
+    descriptors a dropped manager over a disk level). Nothing is written (guarantees.md: no
+    durability point at ``__del__``): what was not flushed is lost, as before, and victims
+    still queued for a level are no longer written by a thread left behind. Run on a thread
+    of its own, as a finalizer may run in any thread, at any allocation, and joining a writer
+    there could wait on a lock that thread holds."""
+    if pid != os.getpid():
+        return   # a forked child's copy: the parent's threads and connections are not ours
+
+    def release() -> None:
+        try:
+            wb.stop()
+        finally:
+            for level in levels:
+                try:
+                    level.close()
+                except Exception:   # (nobody to tell: release the others all the same)
+                    pass
+
+    threading.Thread(target=release, name="mlcache-release", daemon=True).start()
+
+
 class _Cold:
     """The manager's state that a heap hit never reads and a put reads at most once a batch:
     names, registries, counters and the bookkeeping of loads and unencodable entries.
@@ -89,8 +114,8 @@ class _Cold:
     put new state here unless the hit or put path reads it."""
 
     __slots__ = ("closing", "good_types", "hits", "last_checkpoint_id", "level_names", "loading",
-                 "memo_total", "namespaces", "pin_errors", "stats", "structures", "weighers",
-                 "weak_structures")
+                 "memo_total", "namespaces", "pin_errors", "release", "stats", "structures",
+                 "weighers", "weak_structures")
 
     memo_total: int  # key memo entries charged to the heap budget (see HeapBudget)
     level_names: list[str]  # the byte levels' names in stats, fastest first
@@ -111,6 +136,7 @@ class _Cold:
     weighers: list[tuple[bytes, Callable[[Any], int | None]]]
     last_checkpoint_id: Any
     closing: int | None  # the thread running close(): other threads' writes are refused
+    release: "weakref.finalize"  # releases the threads and levels of a manager dropped open
 
 
 class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
@@ -204,6 +230,9 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         _LIVE.add(self)
         self._cold.last_checkpoint_id = None
         self._cold.closing = None
+        self._cold.release = weakref.finalize(self, _release_dropped, self._wb, levels,
+                                              os.getpid())
+        self._cold.release.atexit = False   # at exit the process releases everything itself
         self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
         if self._heap is not None and self._heap.policy.name == "dedup":
             from .recordcache import RecordCache
@@ -546,6 +575,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             raise
         with self._lock:
             self._closed = True
+        self._cold.release.detach()
         self._wb.stop()
         for level in self._levels:
             level.close()
