@@ -189,6 +189,15 @@ def event_time(ts: Any) -> float:
     return t
 
 
+def _closed_error(exc: BaseException) -> CacheError:
+    """What a read or a checkpoint that close() overtook raises: close() released the levels
+    under it, which then failed as a closed client fails (a Redis level closed under a read
+    raised redis-py's AttributeError or ValueError, a disk level a retryable
+    LevelUnavailableError: retrying it could only find the manager closed)."""
+    return CacheError(f"this CacheManager is closed (close() ran during this call, which "
+                      f"then failed: {type(exc).__name__}: {exc})")
+
+
 class ReadPath:
     """Mixin for CacheManager: the batched miss path. Uses the manager's state (lock, heap,
     write-back, codec, stats)."""
@@ -208,6 +217,7 @@ class ReadPath:
     _reads_ts: list[tuple[bytes, float]]
     _records: Any
     _check_open: Callable[[], None]
+    _closed: bool
     _apply_reads: Callable[[], None]
     _describe_key: Callable[[bytes], Any]
     _handle_victims: Callable[..., Any]
@@ -288,7 +298,9 @@ class ReadPath:
                 cleared = False
                 try:
                     cleared = self._read_lower(mine, out, ts, prefetch, seq, load, loading)
-                except LevelUnavailableError:
+                except LevelUnavailableError as exc:
+                    if self._closed:
+                        raise _closed_error(exc) from exc
                     # A write of some of these keys may have been in flight to the level that
                     # failed (taken from the buffer, not yet back in it): once it is over,
                     # they are in the buffer again, and the next round reads them there.
@@ -304,6 +316,10 @@ class ReadPath:
                     with wb.io_lock:
                         pass
                     retry.extend(mine)
+                except Exception as exc:
+                    if self._closed and type(exc) is not CacheError:
+                        raise _closed_error(exc) from exc
+                    raise
                 finally:
                     if not cleared:
                         with self._lock:

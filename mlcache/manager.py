@@ -34,8 +34,8 @@ from ._heapbudget import _MEMO_ENTRY  # noqa: F401  (read here by tests/test_rel
 from ._keyview import KeyView
 from ._namespace import Namespace
 from ._prefetchhooks import PrefetchHooks
-from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _Load, digest as _digest,
-                        event_time, found_by_key)
+from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _closed_error, _Load,
+                        digest as _digest, event_time, found_by_key)
 from ._writepath import WritePath
 from .codec import Codec
 from .config import ArenaConfig, CacheConfig
@@ -496,6 +496,14 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         return iter(self._keys_with_prefix(self._prefix))
 
     def _keys_with_prefix(self, prefix: bytes) -> list[Any]:
+        try:
+            return self._list_keys(prefix)
+        except Exception as exc:
+            if self._closed and type(exc) is not CacheError:
+                raise _closed_error(exc) from exc   # close() released a level being listed
+            raise
+
+    def _list_keys(self, prefix: bytes) -> list[Any]:
         wb = self._wb
         with wb.io_lock:   # no entry is between two levels while we list
             with self._lock:
@@ -527,20 +535,26 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
 
     def flush(self) -> None:
         """Write every dirty heap entry (and every delete) to the next level, and wait."""
-        if self._records is not None:
-            self._records.flush_all()   # forward the dirty set first (it stages its writes)
-        self._stage_dirty(full_check=False)
-        self._wb.drain_all()
+        try:
+            if self._records is not None:
+                self._records.flush_all()   # forward the dirty set first (it stages its writes)
+            self._stage_dirty(full_check=False)
+            self._wb.drain_all()
+        except Exception as exc:
+            if self._closed and type(exc) is not CacheError:
+                # another thread's close() overtook it (and wrote what it had)
+                raise _closed_error(exc) from exc
+            raise
         self._raise_pinned()
 
     def checkpoint(self, checkpoint_id: Any = None) -> None:
         """Make everything durable on the last level (the store of record)."""
-        if self._records is not None:
-            self._records.flush_all()
-        self._stage_dirty(full_check=True)
-        self._wb.drain_all()
-        self._raise_pinned()
         try:
+            if self._records is not None:
+                self._records.flush_all()
+            self._stage_dirty(full_check=True)
+            self._wb.drain_all()
+            self._raise_pinned()
             self._wb.copy_down()
         except LostWrites as exc:
             # Everything else is copied and synced: a checkpoint that reports lost entries has
@@ -548,6 +562,11 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             self._cold.last_checkpoint_id = checkpoint_id
             self._cold.stats.writeback["checkpoints"] += 1
             raise self._lost_error(exc.lost, "checkpoint") from None
+        except Exception as exc:
+            if self._closed and type(exc) is not CacheError:
+                # another thread's close() overtook it (and checkpointed)
+                raise _closed_error(exc) from exc
+            raise
         self._cold.last_checkpoint_id = checkpoint_id
         self._cold.stats.writeback["checkpoints"] += 1
 
