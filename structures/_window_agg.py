@@ -23,6 +23,9 @@ import numpy as np
 __all__ = ["Aggregate", "GroupTable", "Partial", "WindowState"]
 
 
+_SCALE = 2.0 ** -26  # a group's sums below this share of their peak lost most of their bits
+
+
 class Aggregate(NamedTuple):
     """The aggregates of one window (and group). ``sum`` is ``Σw·v``; ``avg`` the weighted mean
     (the VWAP when the weight is the volume); ``var`` the population variance."""
@@ -157,6 +160,11 @@ class WindowState:
         self.sw = np.zeros(8)
         self.swv = np.zeros(8)
         self.swv2 = np.zeros(8)
+        # per group, 2**-26 of the largest |sw| + |swv2| of a slice added since the sums were
+        # last exact (|swv| is at most their mean): the scale of their rounding error, 0 for
+        # a group with no tuples (see ``cancelled``)
+        self.peak = np.zeros(8)
+        self.subtracted = False  # since the last ``cancelled`` test
         self.minmax = minmax
         self.mins: dict[int, deque] = {}
         self.maxs: dict[int, deque] = {}
@@ -165,7 +173,7 @@ class WindowState:
     def _grow(self, size: int) -> None:
         if size > len(self.cnt):
             new = max(size, 2 * len(self.cnt))
-            for name in ("cnt", "sw", "swv", "swv2"):
+            for name in ("cnt", "sw", "swv", "swv2", "peak"):
                 arr = getattr(self, name)
                 grown = np.zeros(new, arr.dtype)
                 grown[: len(arr)] = arr
@@ -179,14 +187,36 @@ class WindowState:
             self.sw[c] += p.sw
             self.swv[c] += p.swv
             self.swv2[c] += p.swv2
+            self.peak[c] = np.maximum(self.peak[c], (np.abs(p.sw) + np.abs(p.swv2)) * _SCALE)
         else:
+            self.subtracted = True
             self.cnt[c] -= p.cnt
             self.sw[c] -= p.sw
             self.swv[c] -= p.swv
             self.swv2[c] -= p.swv2
             empty = c[self.cnt[c] == 0]
             if len(empty):  # no rounding residue in a group that left the window
-                self.sw[empty] = self.swv[empty] = self.swv2[empty] = 0.0
+                self.sw[empty] = self.swv[empty] = self.swv2[empty] = self.peak[empty] = 0.0
+
+    def cancelled(self) -> bool:
+        """Whether a group's sums lost most of their precision to cancellation: they are kept
+        by adding slices on arrival and subtracting them on expiry, so the rounding error of a
+        value far larger than the rest (a price of 1e12 among prices of 100) stays in them
+        after it left, and var (Σw·v²/Σw − avg², 1e24 gone from Σw·v²) came out 0.0 for good.
+        True when a group's sums are below 2**-26 of the largest slice they took in."""
+        if not self.subtracted:
+            return False
+        self.subtracted = False
+        return bool((np.abs(self.sw) + np.abs(self.swv2) < self.peak).any())
+
+    def set_sums(self, exact: "WindowState") -> None:
+        """Take the sums (and their scale) of ``exact``, recomputed from the live tuples."""
+        n = len(exact.cnt)
+        self._grow(n)
+        for name in ("cnt", "sw", "swv", "swv2", "peak"):
+            arr = getattr(self, name)
+            arr[:] = 0
+            arr[:n] = getattr(exact, name)
 
     def push_block(self, seq: int, codes: np.ndarray, mins: np.ndarray, maxs: np.ndarray) -> None:
         for c, lo, hi in zip(codes.tolist(), mins.tolist(), maxs.tolist()):
@@ -229,6 +259,7 @@ class WindowState:
         return {
             "range": self.range, "seq": self.seq, "off": self.off, "next_ts": self.next_ts,
             "sums": [self.cnt.tolist(), self.sw.tolist(), self.swv.tolist(), self.swv2.tolist()],
+            "peak": self.peak.tolist(),
             "mins": [[c, list(map(list, dq))] for c, dq in self.mins.items()],
             "maxs": [[c, list(map(list, dq))] for c, dq in self.maxs.items()],
             "late": [list(t) for t in self.late],
@@ -239,6 +270,9 @@ class WindowState:
         cnt, sw, swv, swv2 = st["sums"]
         self.cnt = np.asarray(cnt, np.int64)
         self.sw, self.swv, self.swv2 = (np.asarray(a, np.float64) for a in (sw, swv, swv2))
+        # (a file from before the scale was kept: none, until the next arrivals)
+        self.peak = np.asarray(st.get("peak") or np.zeros(len(self.cnt)), np.float64)
+        self.subtracted = True   # (tested at the first result)
         self.mins = {c: deque(tuple(e) for e in dq) for c, dq in st["mins"]}
         self.maxs = {c: deque(tuple(e) for e in dq) for c, dq in st["maxs"]}
         self.late = [(t, i, decode_record(r)) for t, i, r in st["late"]]

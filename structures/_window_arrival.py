@@ -53,7 +53,8 @@ class _Cold:
     (~6 a tuple) is a hashed lookup (LOAD_ATTR_WITH_HINT). A window had 30 (33 over column and
     general windows), now 24 (27). ``tests/test_window.py`` keeps the count down."""
 
-    __slots__ = ("finalizer", "late_accepted", "late_dropped", "late_seq", "on_late", "own_dir")
+    __slots__ = ("finalizer", "late_accepted", "late_dropped", "late_seq", "on_late", "own_dir",
+                 "recomputes")
 
     late_accepted: int  # late tuples kept (``lateness``)
     late_dropped: int   # late tuples dropped (``on_late="drop"``)
@@ -61,9 +62,10 @@ class _Cold:
     on_late: str        # "raise" or "drop" a tuple later than ``lateness``
     own_dir: bool       # the directory is a temporary one, removed by close()
     finalizer: Any      # weakref.finalize releasing the data file (and a temporary directory)
+    recomputes: int     # exact recomputations of a window's sums (``_Windows._recompute``)
 
     def __init__(self) -> None:
-        self.late_accepted = self.late_dropped = self.late_seq = 0
+        self.late_accepted = self.late_dropped = self.late_seq = self.recomputes = 0
 
 
 class WindowArrival:

@@ -324,7 +324,25 @@ class BlockRepository:
         self.writes += 1
         self.bytes_written += len(buf)
 
+    def peek(self, seq: int) -> tuple[Any, Any]:
+        """``(ts, data)`` of sealed block ``seq`` for a pass over the window (an exact
+        recomputation of its sums): read, when not resident, without entering the pool, so
+        the SlideM policy's blocks stay where they are."""
+        blk = self.resident.get(seq)
+        if blk is not None:
+            return blk.ts, blk.data
+        blk = self._load(seq)
+        return blk.ts, blk.data
+
     def _read(self, seq: int) -> tuple[Any, Any]:
+        blk = self._load(seq)
+        self.resident[seq] = blk
+        arrays = blk.ts, blk.data
+        for victim in self.policy.insert(seq):
+            self._evict(victim)
+        return arrays
+
+    def _load(self, seq: int) -> Block:
         t = self.table
         i = t.index(seq)
         nbytes, slot = t.nbytes[i], t.slot[i]
@@ -342,11 +360,7 @@ class BlockRepository:
         self.codec.decode(blk, buf)
         self.reads += 1
         self.bytes_read += len(buf)
-        self.resident[seq] = blk
-        arrays = blk.ts, blk.data
-        for victim in self.policy.insert(seq):
-            self._evict(victim)
-        return arrays
+        return blk
 
     def stats(self) -> dict[str, Any]:
         elapsed = max(time.perf_counter() - self._opened, 1e-9)

@@ -310,7 +310,30 @@ class _Windows(WindowArrival):
         self._expire()
 
     def _result(self, w: WindowState) -> Any:
+        if w.cancelled():
+            self._recompute(w)
         return window_result(self, w)
+
+    def _recompute(self, w: WindowState) -> None:
+        """Recompute window ``w``'s sums from its live tuples (a pass over its blocks, read
+        outside the pool), when cancellation left them with little precision: see
+        :meth:`WindowState.cancelled`. Once per value far larger than the rest leaving."""
+        exact = WindowState(w.range, False)
+        cur, repo = self._cur, self._repo
+        for seq in range(w.seq, cur.seq):
+            n = repo.meta(seq)[1]
+            lo = w.off if seq == w.seq else 0
+            if n > lo:
+                ts, data = repo.peek(seq)
+                exact.add(self._partial(ts, data, lo, n))
+        lo = w.off if w.seq == cur.seq else 0
+        if cur.applied > lo:
+            exact.add(self._partial(cur.ts, cur.data, lo, cur.applied))
+        for t, _, rec in w.late:
+            data = np.asarray([rec], _F8) if self.columns is not None else [rec]
+            exact.add(self._partial(np.array([t]), data, 0, 1))
+        w.set_sums(exact)
+        self._cold.recomputes += 1
 
     # -- accounting, persistence ------------------------------------------------------------------
     def io_stats(self) -> dict[str, Any]:
@@ -318,7 +341,7 @@ class _Windows(WindowArrival):
         self._repo.recent_n = self._cur.n
         stats = self._repo.stats()
         stats.update(late_accepted=self._cold.late_accepted,
-                     late_dropped=self._cold.late_dropped,
+                     late_dropped=self._cold.late_dropped, recomputes=self._cold.recomputes,
                      tuples=self._cur.start + self._cur.n, block_capacity=self._capacity())
         return stats
 

@@ -572,3 +572,43 @@ def test_slide_boundaries_are_multiples_of_the_slide(batched):
     for e, total in ends[::37]:
         assert total == pytest.approx(sum(t for t in ts if e - 0.5 < t <= e)), e
     w.close()
+
+
+@pytest.mark.parametrize("kind", ["numeric", "general", "shared", "reopen"])
+def test_a_huge_value_leaving_the_window_leaves_exact_sums(kind, tmp_path):
+    """Sums are added on arrival and subtracted on expiry, so the rounding error of one value
+    far larger than the rest stayed in them after it left, for as long as its group had
+    tuples: prices of 100 +- 0.5 with one bad tick of 1e12 in a 100-tick window gave var 0.0
+    (for 0.082) for good (1e24 had passed through Σv²), and a tick of 1e17 left the sum 11.7
+    off (3,518 for 1e20). The window recomputes its sums from its tuples when cancellation
+    leaves them little precision: once here, reading the blocks outside the pool."""
+    import random
+
+    rng = random.Random(1)
+    vals = [100 + rng.random() for _ in range(1000)]
+    vals[300] = 1e12
+    vals[500] = 1e17
+    opts = dict(kind="count", block_size=256, directory=tmp_path / "w")
+    if kind == "general":
+        opts.update(value="v")
+    else:
+        opts.update(columns=("v",), value="v")
+
+    def make():
+        return SharedWindows([100, 300], **opts) if kind == "shared" else SlidingWindow(100, **opts)
+
+    w = make()
+    for i, v in enumerate(vals):
+        w.append({"v": v} if kind == "general" else (v,))
+        if kind == "reopen" and i == 700:
+            w.close()
+            w = make()
+    got = w.results() if kind == "shared" else [w.result()]
+    for agg, n in zip(got, [100, 300]):
+        live = vals[-n:]
+        want = exact([(0, v, 1) for v in live], False, False)
+        assert agg.count == n
+        assert agg.sum == pytest.approx(want.sum, rel=1e-12, abs=0)
+        assert agg.var == pytest.approx(want.var, rel=1e-6)
+    assert w.io_stats()["recomputes"] >= 1
+    w.close()
