@@ -69,6 +69,7 @@ def test_held_victims_stay_stored_until_released(redis_url, unique_ns):
         # still there, and counted: over the bound by the victims' size until released
         assert all(_raw(redis_url, unique_ns, k) == v for k, v in victims)
         assert _exact(level, redis_url, unique_ns) == 1_300
+        redis.Redis.from_url(redis_url).script_flush()     # the script loaded again on demand
         level.release(victims)
         assert all(_raw(redis_url, unique_ns, k) is None for k, _ in victims)
         assert _exact(level, redis_url, unique_ns) == 1_000
