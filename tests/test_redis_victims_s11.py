@@ -413,3 +413,40 @@ def test_a_spark_job_over_a_bounded_redis_above_the_disk_keeps_exact_state(
         assert 0 < level.used_bytes() <= 3_000
     finally:
         level.close()
+
+
+def test_a_failed_release_writes_a_value_passed_through_again(redis_url, unique_ns, tmp_path):
+    # The level below holds the new value but Redis could not be told to release the older
+    # copy, which would hide the new value: it goes back to the Redis level's queue, whose
+    # next write passes it through again and releases the older copy then.
+    import threading as th
+
+    from mlcache.levels.disk import DiskLevel
+    from mlcache.stats import Stats
+    from mlcache.writeback import WriteBack
+
+    top = RedisLevel(RedisConfig(url=redis_url, prefix=unique_ns, max_bytes=1_000))
+    below = DiskLevel(DiskConfig(path=str(tmp_path / "disk")))
+    wb = WriteBack([top, below], ["redis", "disk"], th.RLock(), Stats(["heap", "redis", "disk"]),
+                   batch_size=16, buffer_max=100, retry_attempts=1, retry_backoff=0.0,
+                   writer_threads=0)
+    try:
+        assert top._holds and not getattr(below, "_holds", False)
+        wb._write(0, [(b"k", b"old")])
+        held = top.put_many([(b"k", b"n" * 2_000)])
+        assert held.passed and held.held == [(b"k", b"old")]
+        below.put_many(list(held))
+        broken = RedisLevel(RedisConfig(url=redis_url, prefix=unique_ns, max_bytes=1_000))
+        broken.close()                                 # every call raises LevelUnavailableError
+        wb.levels[0] = broken
+        wb._release(0, held)
+        assert wb.buffer.pending[0] == {b"k": b"n" * 2_000}
+        assert wb.stats.writeback["unreleased"] == 1
+        wb.levels[0] = top
+        wb.drain_once()                                # passed through again, then released
+        assert _raw(redis_url, unique_ns, b"k") is None
+        assert below.get_many([b"k"]) == [b"n" * 2_000]
+        assert _exact(top, redis_url, unique_ns) == 0
+    finally:
+        top.close()
+        below.close()
