@@ -503,11 +503,14 @@ class WriteBack:
         self.newer[index].update(k for k, _ in held if k not in passed)
         if held.passed:
             self._requeue(index, held.passed)
-        try:
-            # their leases end: any write may evict them again (or they expire by themselves)
-            self.levels[index].release(held, remove=False)
-        except CacheError:
-            pass
+        evicted = [(k, v) for k, v in held.held if k not in passed]
+        if evicted:
+            try:
+                # their leases end: any write may evict them again (else they expire); the
+                # older copies of values passed through stay ours, for the next write
+                self.levels[index].release(HeldVictims([], evicted, []), remove=False)
+            except CacheError:
+                pass
 
     def _release(self, index: int, held: HeldVictims) -> None:
         """The level below level ``index`` holds its victims ``held``: release them there.

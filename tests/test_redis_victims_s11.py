@@ -450,3 +450,47 @@ def test_a_failed_release_writes_a_value_passed_through_again(redis_url, unique_
     finally:
         top.close()
         below.close()
+
+
+def test_a_value_passed_through_when_the_level_below_fails_is_queued_again(redis_url,
+                                                                          unique_ns, tmp_path):
+    # Its older copy stays in Redis, still leased to this process (no other write evicts it
+    # and writes it below meanwhile); the value waits in the Redis level's queue (which this
+    # process's reads look at first) and goes through again once the disk is back.
+    import threading as th
+
+    from mlcache.levels.disk import DiskLevel
+    from mlcache.stats import Stats
+    from mlcache.writeback import WriteBack
+
+    top = RedisLevel(RedisConfig(url=redis_url, prefix=unique_ns, max_bytes=1_000))
+    below = DiskLevel(DiskConfig(path=str(tmp_path / "disk"), timeout=0.2))
+    wb = WriteBack([top, below], ["redis", "disk"], th.RLock(), Stats(["heap", "redis", "disk"]),
+                   batch_size=16, buffer_max=100, retry_attempts=1, retry_backoff=0.0,
+                   writer_threads=0)
+    big = b"n" * 2_000
+    try:
+        wb._write(0, [(b"k", b"old")])
+        below.put_many([(b"j", b"")])                  # the database file exists
+        lock = sqlite3.connect(str(tmp_path / "disk" / "cache.db"), timeout=30,
+                               isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(LevelUnavailableError):
+                wb._write(0, [(b"k", big)])
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        assert wb.buffer.pending[0] == {b"k": big}
+        assert _raw(redis_url, unique_ns, b"k") == b"old"
+        client = redis.Redis.from_url(redis_url)
+        assert client.zscore(unique_ns.encode() + b"\x00held", unique_ns.encode() + b":k")
+        client.close()
+        _exact(top, redis_url, unique_ns)
+        wb.drain_once()
+        assert _raw(redis_url, unique_ns, b"k") is None
+        assert below.get_many([b"k"]) == [big]
+        assert _exact(top, redis_url, unique_ns) == 0
+    finally:
+        top.close()
+        below.close()
