@@ -269,16 +269,17 @@ RC_OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "put", "del", 
 @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=RC_OPS, budget=st.sampled_from([250, 600, 1 << 20]),
        batch_size=st.sampled_from([1, 2, 1000]),
-       redis=st.booleans())
+       redis=st.booleans(), event=st.booleans())
 def test_record_cache_forwards_the_last_value_per_key_once(tmp_path_factory, redis_url, ops,
-                                                           budget, batch_size, redis):
+                                                           budget, batch_size, redis, event):
     """Puts and deletes over three namespaces with a budget of a few entries (eviction
     pressure cuts namespaces), Redis + disk or disk alone, batches of 1, 2 or all, resizes,
     and a second listener that goes down and comes back: each listener gets, per key, a
     subsequence of the writes in order, none twice, each with as old the value it got last;
     after every successful flush the last value it got is the key's last write; with room
     and no failure since the last flush, a flush forwards exactly the last value per key
-    written since, in last-update order; and the store of record ends with the last writes."""
+    written since, in last-update order; and the store of record ends with the last writes.
+    Also with event-time commits every 10 units (puts carry a clock that moves by 0-6)."""
     tmp = tmp_path_factory.mktemp("rc")
     levels = (DiskConfig(path=str(tmp / "disk")),)
     if redis:
@@ -287,12 +288,19 @@ def test_record_cache_forwards_the_last_value_per_key_once(tmp_path_factory, red
         levels = (RedisConfig(url=redis_url),) + levels
     m = CacheManager(CacheConfig(levels=levels, namespace="t",
                                  dedup=DedupConfig(max_bytes_buffering=budget,
-                                                   batch_size=batch_size)))
+                                                   batch_size=batch_size,
+                                                   commit_interval=10 if event else None,
+                                                   time="event")))
+    clock = 0
     flaky = {"down": False}
     logs = {"ok": [], "flaky": []}
-    m.on_flush(lambda b: logs["ok"].extend((b.namespace, k, n, o) for k, n, o in b))
+    def ok(b):
+        assert len(b) > 0     # nothing pending: no call
+        logs["ok"].extend((b.namespace, k, n, o) for k, n, o in b)
+    m.on_flush(ok)
 
     def fl(b):
+        assert len(b) > 0
         if flaky["down"]:
             raise ConnectionError("down")
         logs["flaky"].extend((b.namespace, k, n, o) for k, n, o in b)
@@ -311,7 +319,8 @@ def test_record_cache_forwards_the_last_value_per_key_once(tmp_path_factory, red
             val = None if op == "del" else f"{ns}{k}-{counter}" + "x" * n
             try:
                 if op == "put":
-                    sp.put(k, val)
+                    clock += n % 7
+                    sp.put(k, val, ts=clock)
                 else:
                     sp.delete(k)
                 applied = True
@@ -331,7 +340,8 @@ def test_record_cache_forwards_the_last_value_per_key_once(tmp_path_factory, red
             except ConnectionError:
                 assert flaky["down"]
             else:
-                if clean and budget > 10000 and m.stats()["dedup"]["evictions"] == 0:
+                if clean and budget > 10000 and m.stats()["dedup"]["evictions"] == 0 \
+                        and not event:
                     for name, log in logs.items():
                         new_recs = log[marks[name]:]
                         for space in (None, "a", "b"):
