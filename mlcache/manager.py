@@ -43,7 +43,7 @@ from .errors import CacheError, ConfigError, SerializationError
 from .keys import decode_key, namespace_prefix
 from .levels.heap import HeapLevel
 from .stats import Stats
-from .writeback import LostWrites, WriteBack
+from .writeback import EvictionBuffer, LostWrites, WriteBack
 
 __all__ = ["CacheManager", "Namespace", "register_structure"]
 
@@ -66,11 +66,30 @@ _LIVE: "weakref.WeakSet[CacheManager]" = weakref.WeakSet()
 
 def _after_fork() -> None:
     """In a forked child: locks may have been held by threads that do not exist here, and no
-    writer or fetch thread was copied; start over with fresh ones (created lazily)."""
+    writer or fetch thread was copied; start over with fresh ones (created lazily).
+
+    What the parent had not written yet stays the parent's to write: its dirty entries become
+    clean copies here (still read, never written: their digests go, so no flush takes them
+    for changes made in place), and the writes and deletes it had queued for a level, and the
+    keys an intermediate level holds newer than the one below, are forgotten. The child wrote
+    them as its own (evicted, flushed, checkpointed), over what the parent wrote later."""
     for manager in list(_LIVE):
         manager._lock = threading.RLock()
         manager._cold.loading = {}
-        manager._wb.reset_after_fork(manager._lock)
+        wb = manager._wb
+        wb.reset_after_fork(manager._lock)
+        heap = manager._heap
+        if heap is not None:
+            for kb in [kb for kb in heap.dirty if kb not in heap.pinned]:
+                heap.dirty.discard(kb)
+                manager._digests.pop(kb)
+                manager._handed.discard(kb)
+        wb.buffer = EvictionBuffer(len(wb.levels))
+        wb.tombstones.clear()
+        for newer in wb.newer:
+            newer.clear()
+        for unsure in wb.unsure:
+            unsure.clear()
 
 
 if hasattr(os, "register_at_fork"):
