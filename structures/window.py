@@ -351,7 +351,7 @@ class _Windows(WindowArrival):
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held in memory: the buffer pool (resident block frames), per-group state and
         the table of live blocks (36 bytes a block)."""
-        state = sum(w.cnt.nbytes + w.sw.nbytes + w.swv.nbytes + w.swv2.nbytes
+        state = sum(w.cnt.nbytes + w.sw.nbytes + w.swv.nbytes + w.swv2.nbytes + w.peak.nbytes
                     + 64 * sum(len(d) for d in w.mins.values())
                     + 64 * sum(len(d) for d in w.maxs.values()) + 96 * len(w.late)
                     for w in self._wins)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -630,4 +631,15 @@ def test_a_huge_value_leaving_the_window_leaves_exact_sums(kind, tmp_path):
         assert agg.sum == pytest.approx(want.sum, rel=1e-12, abs=0)
         assert agg.var == pytest.approx(want.var, rel=1e-6)
     assert w.io_stats()["recomputes"] >= 1
+    w.close()
+
+
+def test_memory_bytes_counts_every_per_group_array():
+    """The group state memory_bytes reports is every per-group array a window keeps."""
+    w = SlidingWindow(10, kind="count", columns=("g", "v"), value="v", group_by="g")
+    w.extend([(g, 1.0) for g in range(40)])
+    w.result()
+    st_ = w._wins[0]
+    arrays = [a for a in vars(st_).values() if isinstance(a, np.ndarray)]
+    assert w.memory_bytes()["group_state"] == sum(a.nbytes for a in arrays)
     w.close()
