@@ -25,7 +25,7 @@ from typing import Any, SupportsIndex
 
 from mlcache.levels.heap import _SAMPLE, estimate_size
 
-from mlcache.errors import IntegrityError
+from mlcache.errors import IntegrityError, SerializationError
 
 from .base import Cacheable, list_shell, locked
 
@@ -73,11 +73,14 @@ class CacheableList(Cacheable, MutableSequence):
     # outside a 4 MB heap budget with 200 lists of 255 1-kB elements. A copy read back after an
     # eviction may get the freed chunk's ``id()``; its slots then hold what this object wrote,
     # whose estimates are the sum kept, so the weight is still the heap's.
-    __slots__ = ("_chunk_w",)
+    # ``_good``: the manager's set of value types seen to encode (None over anything else).
+    __slots__ = ("_chunk_w", "_good")
     _chunk_w: tuple[int, int, int, int, int] | None
+    _good: set[type] | None
 
     def _attach(self) -> None:
         self._chunk_w = None
+        self._good = getattr(getattr(self._manager, "_cold", None), "good_types", None)
 
     def _forget_written(self) -> None:
         self._chunk_w = None
@@ -102,6 +105,34 @@ class CacheableList(Cacheable, MutableSequence):
     @property
     def chunk_size(self) -> int:
         return int(self._meta["chunk"])
+
+    # -- values ------------------------------------------------------------------------------
+
+    def _stored(self, value: Any) -> Any:
+        """The form of ``value`` kept in a chunk (:meth:`_store`), refused here with
+        ``SerializationError`` if the codec cannot encode it, as the manager's ``put`` refuses
+        such a value: checked once per type, as the manager checks. An element travels inside
+        its chunk, a ``list`` the manager has seen encode, so the put of the chunk took it and
+        it failed only when the chunk left the heap: pinned there, every flush and close
+        raising for 'key 0, a list', and the chunk (its good elements too) in no level for the
+        next process."""
+        if isinstance(value, Cacheable):
+            return self._store(value)
+        good = self._good
+        if good is None or type(value) in good:
+            return value
+        return self._check_encodes(value)
+
+    def _check_encodes(self, value: Any) -> Any:
+        try:
+            self._manager._codec.encode(value)
+        except SerializationError as exc:
+            raise SerializationError(
+                f"cannot store a value of type {type(value).__name__} in list "
+                f"{self._name!r}: {exc}", value_type=type(value)) from exc
+        assert self._good is not None
+        self._good.add(type(value))
+        return value
 
     # -- chunk plumbing ----------------------------------------------------------------------
 
@@ -340,8 +371,9 @@ class CacheableList(Cacheable, MutableSequence):
             raise TypeError(f"list indices must be integers or slices, not {type(i).__name__}")
         i = self._index(i, "list assignment index out of range")
         cid, off = divmod(self._meta["head"] + i, self._meta["chunk"])
+        stored = self._stored(value)
         chunk = self._chunk(cid)
-        chunk[off] = self._store(value)
+        chunk[off] = stored
         self._ver += 1
         self._ns.put(cid, chunk)
 
@@ -350,7 +382,7 @@ class CacheableList(Cacheable, MutableSequence):
         if not isinstance(values, Iterable):
             raise TypeError("can only assign an iterable" if s.step in (None, 1)
                             else "must assign iterable to extended slice")
-        new = [self._store(v) for v in values]
+        new = [self._stored(v) for v in values]
         start, stop, step = s.indices(n)
         if step == 1:
             stop = max(start, stop)
@@ -426,7 +458,7 @@ class CacheableList(Cacheable, MutableSequence):
         if i < 0:
             i = max(0, i + n)
         i = min(i, n)
-        stored = self._store(value)
+        stored = self._stored(value)
         if i == n:
             self._write(self._meta["head"] + n, [stored])
             self._add_len(1)
@@ -447,11 +479,12 @@ class CacheableList(Cacheable, MutableSequence):
             self._append(value)
 
     def _append(self, value: Any) -> None:
+        stored = self._stored(value)   # (before the chunk, the heap's own object, changes)
         head, n, c = self._meta["head"], self._meta["len"], self._meta["chunk"]
         cid, off = divmod(head + n, c)
         # (a list with no element has head 0: a chunk that elements continue is theirs)
         chunk = self._chunk(cid) if off else []
-        chunk.append(self._store(value))
+        chunk.append(stored)
         self._ver += 1
         # grown in place: the slots before the new one are those of the chunk as read
         self._put_tail(cid, chunk, chunk, len(chunk) - 1, self._ver - 1)
@@ -459,11 +492,18 @@ class CacheableList(Cacheable, MutableSequence):
 
     def extend(self, values: Iterable[Any]) -> None:
         items: list[Any] = []
+        append = items.append
+        good = self._good
+        if good is None:
+            good = set()
+        stored = self._stored
         try:
             for v in values:
-                items.append(self._store(v))
+                # (a structure is stored as its reference, whatever the types seen to encode)
+                append(v if type(v) in good and not isinstance(v, Cacheable) else stored(v))
         finally:
-            # list.extend keeps the elements taken before an error in the iterable
+            # list.extend keeps the elements taken before an error in the iterable (and
+            # before a value the codec cannot encode, raised by ``_stored``)
             if items:
                 with self._lock:
                     self._write(self._meta["head"] + self._meta["len"], items)
