@@ -23,8 +23,9 @@ other code reads (the Spark integration's snapshot and change listeners).
 
 Keys are what the manager accepts: ``str``, ``int``, ``bytes`` and tuples of them; as a dict
 treats ``1 == 1.0 == True`` as one key, an integral float, a ``numpy`` integer or any other
-number equal to an int (``Fraction(4, 2)``, ``Decimal(3)``, ``numpy.float32(2.0)``) is stored
-as the ``int`` it equals. An unhashable key raises ``TypeError`` exactly as a dict does;
+number equal to an int (``Fraction(4, 2)``, ``Decimal(3)``, ``numpy.float32(2.0)``, an
+``IntEnum``) is stored as the ``int`` it equals, and a ``str`` or ``bytes`` subclass (a str
+enum) as its base value: a loop gives those back, equal to the keys given. An unhashable key raises ``TypeError`` exactly as a dict does;
 another hashable but unsupported key (``1.5``) raises the manager's ``TypeError`` on write
 and is simply absent on read.
 """
@@ -74,13 +75,21 @@ def _key(key: Any) -> Any:
 
     ``hash(key)`` comes first, so an unhashable key raises dict's ``TypeError``. Then, as a dict
     treats ``1 == 1.0 == True`` as one key, an integral float and any other integer type
-    (``numpy.int64``) are folded into ``int``; a tuple is folded element-wise."""
+    (``numpy.int64``, an ``IntEnum``) are folded into ``int`` (``bool`` stays), a subclass of
+    ``str`` or ``bytes`` (a str enum) into its base value, as the levels key them; a tuple is
+    folded element-wise. (The insertion-order log keeps the folded key: it kept the key
+    object, which msgpack cannot carry, so with ``allow_pickle=False`` the log failed to
+    encode on a later, unrelated insert, after that insert had stored its item.)"""
     t = type(key)
-    if t is str or t is int or t is bytes:
+    if t is str or t is int or t is bytes or t is bool:
         return key
     hash(key)
-    if isinstance(key, (str, bytes, int)):
-        return key
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, bytes):
+        return bytes(key)
+    if isinstance(key, int):
+        return int(key)
     if isinstance(key, float):
         return int(key) if key.is_integer() else _BAD
     if isinstance(key, tuple):
