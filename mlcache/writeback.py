@@ -57,6 +57,10 @@ _MIN_BACKOFF = 0.01  # a background writer never spins on a failing level
 _LINGER = 0.005
 _WLOG = 64       # writes remembered for readers that overlapped them (``moved_since``)
 _WLOG_KEYS = 2048  # ... and at most this many of their keys (the log keeps evicted keys alive)
+# ``newer[i]`` (see WriteBack.bound_newer): a byte key in a set costs ~75 bytes (measured: 22 MiB
+# for 3 * 10**5 keys); it is copied down early past max(_NEWER_MIN_KEYS, buffer bound / this).
+_NEWER_KEY_BYTES = 75
+_NEWER_MIN_KEYS = 10_000
 
 
 class _Pending(dict[bytes, bytes]):
@@ -195,6 +199,10 @@ class WriteBack:
         # another process may have changed them (deleted them, as their owner, say); a write
         # of ours vouches for a key again
         self.unsure: list[set[bytes]] = [set() for _ in self.levels]  # guarded by io_lock
+        # len(newer[i]) after its last copy down: it is copied down early once it grows by
+        # newer_max beyond that (keys a level lost stay until reported, so not from zero)
+        self._newer_base = [0 for _ in self.levels]   # guarded by io_lock
+        self._bound_lock = threading.Lock()
         self.wseq = 0
         # (wseq at the start of a write, the keys it moves or None if unknown), oldest first;
         # writes that started before ``_wlog_floor`` were forgotten. Guarded by the lock.
@@ -332,6 +340,8 @@ class WriteBack:
         self.lock = lock
         self.io_lock = threading.Lock()
         self._start_lock = threading.Lock()
+        self._bound_lock = threading.Lock()
+        self._newer_base = [0 for _ in self.levels]   # the manager clears newer[] here
         self.inflight_bytes = 0   # a write the parent was running does not exist here
         self._wake = threading.Event()
         self._threads = []
@@ -358,7 +368,7 @@ class WriteBack:
                 t.start()
 
     def _work_waiting(self) -> bool:
-        return bool(len(self.buffer) or self.tombstones)
+        return bool(len(self.buffer) or self.tombstones or self.newer_over())
 
     def _writer_loop(self) -> None:
         # a level that can (Redis) gives this thread a connection of its own: a batch every
@@ -391,8 +401,12 @@ class WriteBack:
                     # the writes queued behind them (a key is never both tombstoned and queued).
                     if self.tombstones:
                         self.flush_tombstones()
-                    else:
+                    elif len(self.buffer):
                         self.drain_once()
+                    else:
+                        # the queue is written: copy down what newer[] keeps past its bound
+                        # (a failure is retried here and by the next flush, which raises it)
+                        self.bound_newer()
                     attempt = 0
                     self.error = None
                     if self._work_waiting():
@@ -573,7 +587,8 @@ class WriteBack:
                 time.sleep(min(_MAX_BACKOFF, self.retry_backoff * (2 ** (attempt - 1))))
 
     def drain_all(self) -> None:
-        """Write everything buffered and every tombstone; raise if a level stays unavailable."""
+        """Write everything buffered and every tombstone, then copy down early what ``newer``
+        keeps past its bound (``bound_newer``); raise if a level stays unavailable."""
         try:
             self._with_retries(self.flush_tombstones)   # may free room for the writes below
             while True:
@@ -585,6 +600,7 @@ class WriteBack:
                 # only when, with no write in flight, nothing is queued or tombstoned.
                 if self._settled():
                     break
+            self.bound_newer(self._with_retries)
         except Exception as exc:
             self.error = exc
             raise
@@ -614,61 +630,115 @@ class WriteBack:
         near ``batch_bytes_max``, as the writer's): each batch is read and written before the
         next is read, so a checkpoint never holds a whole level's newer entries in memory
         (one read of everything took ~390 MiB for 190 MB in Redis under a 4 MiB heap)."""
-        last = len(self.levels) - 1
         lost: list[tuple[int, bytes]] = []
-        for i in range(last):
-            guard = self.guards_newer(i)
-            with self.io_lock:
-                todo = sorted(self.newer[i])
-            # bounded in bytes: the first batch is one entry, then as many as fit the bound
-            pos, n = 0, self.batch_size if self.batch_bytes_max is None else 1
-            while pos < len(todo):
-                def step(i: int = i, pos: int = pos, n: int = n, todo: list[bytes] = todo,
-                         guard: bool = guard) -> tuple[int, int]:
-                    """Copy the batch at ``pos``; the next position and batch length."""
-                    with self.io_lock:
-                        newer = self.newer[i]
-                        keys = [k for k in todo[pos:pos + n] if k in newer]
-                        if not keys:
-                            return pos + n, n
-                        with self.lock:
-                            self.wseq += 1
-                            self._log_write(keys if self._exact(i + 1) else None)
-                        try:
-                            values = self.levels[i].get_many(keys)
-                            items = [(k, v) for k, v in zip(keys, values) if v is not None]
-                            unsure = self.unsure[i]
-                            if guard and len(items) < len(keys):
-                                # written there and gone since: reported once, below (the
-                                # level below keeps its older copy, which reads return after)
-                                lost.extend((i, k) for k, v in zip(keys, values)
-                                            if v is None and k not in unsure)
-                            newer.difference_update(keys)
-                            if unsure:
-                                unsure.difference_update(keys)
-                            try:
-                                self._write(i + 1, items)
-                            except Exception:
-                                # The copy is still on level i; remember it is newer there.
-                                newer.update(k for k, _ in items)
-                                raise
-                            self.stats.writeback["checkpoint_copies"] += len(items)
-                        finally:
-                            with self.lock:
-                                self.wseq += 1
-                    size, limit = sum(len(v) for _, v in items), self.batch_bytes_max
-                    if limit is not None and items:
-                        # the next batch's length from this one's bytes per entry
-                        return pos + n, max(1, min(self.batch_size,
-                                                   len(items) * limit // max(1, size)))
-                    return pos + n, n
-                pos, n = self._with_retries(step)
+        for i in range(len(self.levels) - 1):
+            self._copy_level(i, lost, self._with_retries)
         for level in self.levels:
             sync = getattr(level, "sync", None)
             if sync is not None:
                 sync()
         if lost:
             raise LostWrites(lost)
+
+    @property
+    def newer_max(self) -> int:
+        """How many keys ``newer[i]`` may grow by before they are copied down early: as many
+        as the eviction buffer's byte bound (1/32 of the heap budget, see the manager) holds
+        at ~75 bytes a key, never fewer than 10**4 (~0.75 MB)."""
+        return max(_NEWER_MIN_KEYS, (self.buffer_bytes_max or 0) // _NEWER_KEY_BYTES)
+
+    def newer_over(self) -> bool:
+        """Whether some ``newer[i]`` outgrew its bound (a read of a few lengths, no lock)."""
+        cap = self.newer_max
+        return any(len(newer) > base + cap
+                   for newer, base in zip(self.newer[:-1], self._newer_base))
+
+    def bound_newer(self, retry: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+        """Copy down early every level whose ``newer`` set outgrew ``newer_max`` keys since its
+        last copy: what a checkpoint would copy, by the same code, so the keys this process
+        must remember stay bounded in a job that flushes often and checkpoints seldom. Moving
+        a copy down early is what an eviction does anyway. Keys the level lost (see
+        ``guards_newer``) stay in ``newer``: reads, ``keys()`` and the next checkpoint report
+        them, as without this. A failed copy leaves its keys in ``newer`` and raises; the
+        bound then waits for ``newer_max`` more keys (a flush reports a failing level below
+        once, not at every call). ``retry`` wraps each batch (``_with_retries`` at a flush;
+        the writer thread retries with its own back-off)."""
+        if not self.newer_over():
+            return
+        with self._bound_lock:      # one copy at a time (the writer's, or a flush's)
+            cap = self.newer_max
+            for i in range(len(self.levels) - 1):
+                if len(self.newer[i]) <= self._newer_base[i] + cap:
+                    continue
+                try:
+                    self._copy_level(i, None, retry)
+                    self.stats.writeback["early_copies"] += 1
+                except BaseException:
+                    if retry is not None:   # a flush reports it; the writer tries again
+                        with self.io_lock:
+                            self._newer_base[i] = len(self.newer[i])
+                    raise
+                with self.io_lock:
+                    self._newer_base[i] = len(self.newer[i])
+
+    def _copy_level(self, i: int, lost: list[tuple[int, bytes]] | None,
+                    retry: Callable[[Callable[[], Any]], Any] | None) -> None:
+        """Copy the keys ``newer[i]`` holds now from level ``i`` to level ``i + 1``, a batch at
+        a time under the I/O lock. A key a guarded level lost is added to ``lost`` and
+        forgotten (a checkpoint reports it once) or, with ``lost`` None, kept in ``newer``."""
+        guard = self.guards_newer(i)
+        with self.io_lock:
+            todo = sorted(self.newer[i])
+        # bounded in bytes: the first batch is one entry, then as many as fit the bound
+        pos, n = 0, self.batch_size if self.batch_bytes_max is None else 1
+        while pos < len(todo):
+            def step(pos: int = pos, n: int = n) -> tuple[int, int]:
+                """Copy the batch at ``pos``; the next position and batch length."""
+                with self.io_lock:
+                    newer = self.newer[i]
+                    keys = [k for k in todo[pos:pos + n] if k in newer]
+                    if not keys:
+                        return pos + n, n
+                    with self.lock:
+                        self.wseq += 1
+                        self._log_write(keys if self._exact(i + 1) else None)
+                    try:
+                        values = self.levels[i].get_many(keys)
+                        items = [(k, v) for k, v in zip(keys, values) if v is not None]
+                        unsure = self.unsure[i]
+                        gone: list[bytes] = []
+                        if guard and len(items) < len(keys):
+                            # written there and gone since: reported once (the level below
+                            # keeps its older copy, which reads return after)
+                            gone = [k for k, v in zip(keys, values)
+                                    if v is None and k not in unsure]
+                        newer.difference_update(keys)
+                        if unsure:
+                            unsure.difference_update(keys)
+                        if gone:
+                            if lost is not None:
+                                lost.extend((i, k) for k in gone)
+                            else:
+                                newer.update(gone)   # left for reads and the checkpoint
+                        try:
+                            self._write(i + 1, items)
+                        except Exception:
+                            # The copy is still on level i; remember it is newer there.
+                            newer.update(k for k, _ in items)
+                            raise
+                        self.stats.writeback["checkpoint_copies"] += len(items)
+                    finally:
+                        with self.lock:
+                            self.wseq += 1
+                size, limit = sum(len(v) for _, v in items), self.batch_bytes_max
+                if limit is not None and items:
+                    # the next batch's length from this one's bytes per entry
+                    return pos + n, max(1, min(self.batch_size,
+                                               len(items) * limit // max(1, size)))
+                return pos + n, n
+            pos, n = step() if retry is None else retry(step)
+        with self.io_lock:
+            self._newer_base[i] = min(self._newer_base[i], len(self.newer[i]))
 
 
 class LostWrites(Exception):

@@ -191,8 +191,6 @@ def _scans(url: str) -> int:
         client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="levels/redis.py: a listing is a SCAN MATCH over the "
-                   "whole keyspace (see the report of session 10's scale review)")
 def test_listing_a_small_set_does_not_scan_every_key_in_redis(redis_url, tmp_path):
     # Iterating (or copying, comparing, clearing) a set lists its namespace, and over Redis a
     # listing is SCAN MATCH prefix*: O(every key in the Redis database), not O(the set). A job
@@ -217,9 +215,6 @@ def test_listing_a_small_set_does_not_scan_every_key_in_redis(redis_url, tmp_pat
     assert many <= 2 * few, (few, many)
 
 
-@pytest.mark.xfail(strict=True, reason="writeback.py: newer[i] keeps every key written to an "
-                   "intermediate level since the last checkpoint, outside the heap budget "
-                   "(see the report of session 10's scale review)")
 def test_memory_stays_bounded_without_checkpoints(redis_url, tmp_path):
     # A job that flushes each micro-batch and checkpoints rarely (or never: close() does)
     # writes new keys into Redis; the write-back keeps each one's byte key in newer[0] (Redis
