@@ -40,7 +40,10 @@ def _encode(key: Any, flat: bool) -> bytes:
     written here, byte for byte the same (tests/test_keyview.py), instead of a packb with a
     ``default`` hook per part (or a second packb of an ``ExtType``: half a cold miss's key cost)."""
     if flat:
-        body = _packb(key, use_bin_type=True)   # a tuple packs as an array
+        try:
+            body = _packb(key, use_bin_type=True)   # a tuple packs as an array
+        except UnicodeEncodeError:   # a str UTF-8 cannot encode: keys.py's ext type
+            return encode_key(key)
         n = len(body)
         head = _FIXEXT.get(n)
         if head is None:
@@ -182,7 +185,8 @@ class KeyView:
                 new = [heads[len(body)] + body for body in map(pack, cold)]
             else:
                 new = list(map(prefix.__add__, map(pack, cold)))
-        except (OverflowError, KeyError):   # a big int; a tuple encoding of 256+ bytes
+        except (OverflowError, KeyError, UnicodeEncodeError):
+            # a big int; a tuple encoding of 256+ bytes; a str UTF-8 cannot encode
             return None
         if n <= self._memo_max:
             if len(memo) + n > self._memo_max:

@@ -49,8 +49,8 @@ _SCATTER_MIN = 64 * 1024
 _SCATTER_ITEMS = 64
 _BIN32 = struct.Struct(">BI")   # msgpack's bin 32 header: 0xc6, then the length
 
-# msgpack ext type codes
-_TUPLE, _SET, _FROZENSET, _BIGINT = 1, 2, 3, 4
+# msgpack ext type codes (_SURROGATE: a str UTF-8 cannot encode, as its surrogatepass bytes)
+_TUPLE, _SET, _FROZENSET, _BIGINT, _SURROGATE = 1, 2, 3, 4, 5
 
 
 class _Unsupported(Exception):
@@ -105,8 +105,32 @@ def _hook_at(depth: int) -> Any:
             return set(items) if code == _SET else frozenset(items)
         if code == _BIGINT:
             return int(data.decode("ascii"))
+        if code == _SURROGATE:
+            return bytes(data).decode("utf-8", "surrogatepass")
         raise IntegrityError(f"unknown msgpack ext type {code}")
     return hook
+
+
+def _escape_strs(value: Any) -> Any:
+    """``value`` with each str that UTF-8 cannot encode (lone surrogates, as ``os.fsdecode``
+    gives for a file name that is not UTF-8) as a ``_SURROGATE`` ext type, through lists,
+    tuples, dicts, sets and frozensets: msgpack's str is UTF-8, so such a value went to pickle,
+    and with ``allow_pickle=False`` a plain str was refused. Only called once msgpack failed
+    on one (never on the hot path)."""
+    t = type(value)
+    if t is str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return ExtType(_SURROGATE, value.encode("utf-8", "surrogatepass"))
+        return value
+    if t is list:
+        return [_escape_strs(v) for v in value]
+    if t is tuple or t is set or t is frozenset:
+        return t(_escape_strs(v) for v in value)
+    if t is dict:
+        return {_escape_strs(k): _escape_strs(v) for k, v in value.items()}
+    return value
 
 
 def _too_deep() -> IntegrityError:
@@ -232,6 +256,15 @@ class Codec:
                                     autoreset=False)
             packer.pack(value)
             return MSGPACK, packer.getbuffer()
+        except UnicodeEncodeError as exc:
+            msgpack_error = exc
+            try:   # a str UTF-8 cannot encode, carried as an ext type
+                packer = msgpack.Packer(default=_default, use_bin_type=True,
+                                        strict_types=True, autoreset=False)
+                packer.pack(_escape_strs(value))
+                return MSGPACK, packer.getbuffer()
+            except (_Unsupported, TypeError, ValueError, OverflowError, RecursionError) as exc2:
+                msgpack_error = exc2
         except (_Unsupported, TypeError, ValueError, OverflowError) as exc:
             # dict keys msgpack cannot take hashed (e.g. a tuple key inside a set) and cycles
             # (ValueError: recursion) also end here.

@@ -4,7 +4,10 @@ A byte-level key is ``namespace + b"\\x1f" + msgpack(key)``. It must be identica
 process (so never ``hash()``, which is salted per process) and reversible (structures list
 their keys by scanning a prefix). Supported user keys are ``str``, ``int``, ``bytes`` and
 tuples of them (nested at most ``MAX_KEY_DEPTH`` deep); ``bool`` is folded into ``int``
-exactly as a ``dict`` treats ``True == 1``.
+exactly as a ``dict`` treats ``True == 1``. A ``str`` that UTF-8 cannot encode (lone surrogates,
+as ``os.fsdecode`` gives for a file name that is not UTF-8) is an ext type holding its
+``surrogatepass`` bytes: msgpack's str is UTF-8, and such a key raised UnicodeEncodeError from
+every call, reads and ``in`` included, where a dict takes it.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ __all__ = ["SEP", "check_key", "encode_key", "decode_key", "namespace_prefix", "
 SEP = b"\x1f"
 _TUPLE = 1
 _BIGINT = 2  # ints outside msgpack's 64-bit range, as decimal text
+_SURROGATE = 3  # a str UTF-8 cannot encode, as its surrogatepass bytes (only such strs)
 MAX_KEY_DEPTH = 100  # tuples within tuples: deeper keys are refused (see _check_tuple)
 
 
@@ -26,6 +30,8 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return msgpack.ExtType(_TUPLE, msgpack.packb([_norm(x) for x in obj], default=_default,
                                                      use_bin_type=True, strict_types=True))
+    if type(obj) is msgpack.ExtType:   # (a str escaped by _escape)
+        return obj
     if type(obj) is int:
         try:
             text = str(obj)
@@ -61,6 +67,8 @@ def _hook_at(depth: int) -> Any:
                                          use_list=False, strict_map_key=False))
         if code == _BIGINT:
             return int(data.decode("ascii"))
+        if code == _SURROGATE:
+            return data.decode("utf-8", "surrogatepass")
         return msgpack.ExtType(code, data)
     return hook
 
@@ -105,9 +113,26 @@ def _unsupported(key: Any) -> None:
 def encode_key(key: Hashable) -> bytes:
     """Encode a user key to its canonical, process-independent bytes (without namespace)."""
     check_key(key)
-    if type(key) is str:  # the common case, kept short
-        return msgpack.packb(key, use_bin_type=True)
-    return msgpack.packb(_norm(key), default=_default, use_bin_type=True, strict_types=True)
+    try:
+        if type(key) is str:  # the common case, kept short
+            return msgpack.packb(key, use_bin_type=True)
+        return msgpack.packb(_norm(key), default=_default, use_bin_type=True, strict_types=True)
+    except UnicodeEncodeError:
+        return msgpack.packb(_escape(_norm(key)), default=_default, use_bin_type=True,
+                             strict_types=True)
+
+
+def _escape(key: Any) -> Any:
+    """``key`` with each str that UTF-8 cannot encode as its ``_SURROGATE`` ext type."""
+    if type(key) is str:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            return msgpack.ExtType(_SURROGATE, key.encode("utf-8", "surrogatepass"))
+        return key
+    if type(key) is tuple:
+        return tuple(_escape(k) for k in key)
+    return key
 
 
 def decode_key(data: bytes) -> Any:

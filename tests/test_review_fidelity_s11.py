@@ -710,3 +710,38 @@ def test_a_dict_keyed_by_enums_and_str_subclasses_keeps_a_msgpack_order_log(tmp_
         d = again.dict("d")
         assert len(d) == len(model) and d == model
         assert list(d) == [1, "x", "a", ("t", 1), b"b", *range(2, 22)]
+
+
+@pytest.mark.parametrize("allow_pickle", [False, True])
+def test_str_keys_and_values_utf8_cannot_encode_are_kept(tmp_path, allow_pickle):
+    # A str with a lone surrogate ('\udcff': os.fsdecode of a file name that is not UTF-8) is a
+    # str, a supported key, but msgpack's str is UTF-8: every call with it as a key raised
+    # UnicodeEncodeError, 'k in d', d.get(k) and 'k in s' included (a dict says False/None),
+    # and with allow_pickle=False a str value holding one was refused. Both are now an ext
+    # type holding the surrogatepass bytes.
+    from mlcache.codec import Codec
+    from mlcache.keys import decode_key, encode_key
+
+    k = "\udcff"
+    m = _strict_manager(tmp_path, allow_pickle)
+    d, s = m.dict("d"), m.set("s")
+    assert k not in d and d.get(k) is None and k not in s and (1, k) not in d
+    model = {k: k, ("t", k): [k, {k: (k,)}], "ok": 1}
+    d.update(model)
+    for i in range(20):
+        d[i] = i
+        model[i] = i
+    s.update([k, (k, 1), "plain"])
+    m.put(("raw", k), k)
+    assert d == model and list(d) == list(model)
+    m.close()
+    with _strict_manager(tmp_path, allow_pickle) as again:
+        d = again.dict("d")
+        assert d == model and list(d) == list(model) and d[("t", k)] == [k, {k: (k,)}]
+        assert set(again.set("s")) == {k, (k, 1), "plain"}
+        assert again.get(("raw", k)) == k
+    assert decode_key(encode_key((k, "x", 1))) == (k, "x", 1)
+    assert encode_key("x") == encode_key("x".encode("utf-8", "surrogatepass").decode())
+    strict = Codec(allow_pickle=False)
+    value = {k: {k, (k,)}, "l": [k, frozenset({k})]}
+    assert strict.decode(strict.encode(value)) == value
