@@ -193,6 +193,24 @@ class WritePath:
                 else:
                     heap_st.evictions["clean"] += 1
             return
+        try:
+            self._queue_victims(victims, encoded, heap_st, pin_errors)
+        except BaseException:
+            # A KeyboardInterrupt (or a MemoryError) in the middle of the batch: the victims
+            # not yet queued have left the heap and were in no level's queue, so acknowledged
+            # writes vanished, and a later read returned an older copy from below. Kept as
+            # pinned dirty entries instead, readable and written by the next flush.
+            heap = self._heap
+            assert heap is not None
+            queued = self._wb.buffer.pending[0]
+            for kb, value, dirty in victims:
+                if dirty and kb not in heap.data and kb not in queued:
+                    heap.pin(kb, value, dirty=True)
+            raise
+
+    def _queue_victims(self, victims: list[tuple[bytes, Any, bool]],
+                       encoded: Mapping[bytes, tuple[Any, bytes]] | None, heap_st: Any,
+                       pin_errors: dict) -> None:
         for kb, value, dirty in victims:
             self._handed.discard(kb)
             digest = self._digests.pop(kb, None)
