@@ -251,6 +251,7 @@ class Codec:
         The payload may be a view (the msgpack packer's own buffer): :meth:`encode` copies it
         once, behind the format byte, instead of once out of the packer and once more there.
         """
+        msgpack_error: BaseException
         try:
             packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True,
                                     autoreset=False)
