@@ -6,8 +6,8 @@ compares after every step: results and exceptions (type and message), iteration 
 equality both ways, views, repr, copy; and the values by a canonical form that tells types apart
 (``True`` from ``1``, ``-0.0`` from ``0.0``, a tuple from a list, NaN from anything but NaN).
 The levels under a heap of a few entries: disk; Redis alone; Redis bounded to a few KB above
-disk; an arena above disk; Redis above disk; and a heap bounded in bytes (the structures' own
-weighed writes). Flush, checkpoint, ``invalidate_local`` and close + reopen are rules.
+disk; an arena above disk; Redis above disk; a heap bounded in bytes (the structures' own
+weighed writes); and disk with ``allow_pickle=False`` (every value drawn is msgpack's). Flush, checkpoint, ``invalidate_local`` and close + reopen are rules.
 
 Documented differences the model follows: an integral float key (``1.0``) is stored as the int it
 equals; a set stores ``True`` as ``1``; a bytearray comes back as bytes.
@@ -28,13 +28,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from mlcache import ArenaConfig, CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
 
-EXAMPLES = int(os.environ.get("MLCACHE_FIDELITY_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("MLCACHE_FIDELITY_EXAMPLES", "5"))
 STEPS = int(os.environ.get("MLCACHE_FIDELITY_STEPS", "30"))
 MACHINE_SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
                             report_multiple_bugs=False,
                             suppress_health_check=list(HealthCheck))
 
-KINDS = ["disk", "redis", "redis-small-disk", "arena-disk", "redis-disk", "bytes-disk"]
+KINDS = ["disk", "redis", "redis-small-disk", "arena-disk", "redis-disk", "bytes-disk",
+         "strict-disk"]
 
 
 def make_config(kind: str, path: str, redis_url: str | None, heap_n: int) -> CacheConfig:
@@ -44,7 +45,7 @@ def make_config(kind: str, path: str, redis_url: str | None, heap_n: int) -> Cac
         heap = HeapConfig(max_entries=heap_n, max_bytes=None, policy="lru")
     disk = DiskConfig(path=path)
     levels: tuple
-    if kind in ("disk", "bytes-disk"):
+    if kind in ("disk", "bytes-disk", "strict-disk"):
         levels = (disk,)
     elif kind == "redis":
         levels = (RedisConfig(url=redis_url),)
@@ -56,7 +57,8 @@ def make_config(kind: str, path: str, redis_url: str | None, heap_n: int) -> Cac
         levels = (RedisConfig(url=redis_url), disk)
     else:
         raise AssertionError(kind)
-    return CacheConfig(heap=heap, levels=levels, namespace="f" + uuid.uuid4().hex[:10])
+    return CacheConfig(heap=heap, levels=levels, namespace="f" + uuid.uuid4().hex[:10],
+                       allow_pickle=kind != "strict-disk")   # (every value drawn is msgpack's)
 
 
 # -- canonical forms -------------------------------------------------------------------------
@@ -93,6 +95,15 @@ _NAMES = [("'CacheableDict'", "'dict'"), ("'CacheableList'", "'list'"),
           ("'CacheableSet'", "'set'")]
 
 
+def _loose(fn: Any) -> tuple[str, Any]:
+    """``outcome``, with a set result as its type and a set of elements (``==``, not types)."""
+    try:
+        r = fn()
+    except Exception:
+        return outcome(fn)
+    return (type(r).__name__, r) if isinstance(r, (set, frozenset)) else outcome(lambda: r)
+
+
 def same(a: Any, b: Any) -> None:
     assert canon(a) == canon(b), (a, b)
 
@@ -104,7 +115,7 @@ SCALARS = st.one_of(
     st.integers(-3, 3), st.integers(-2 ** 66, 2 ** 66), st.sampled_from([2 ** 63, 2 ** 64, -2 ** 63 - 1, 2 ** 70,
                                                         -(10 ** 30)]),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([-0.0, 0.0, 1.0]),
-    st.text(max_size=4), st.binary(max_size=4),
+    st.text(max_size=4), st.binary(max_size=4), st.sampled_from(["\udcff", "a\ud800"]),
 )
 HASHABLES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.tuples(inner), st.tuples(inner, inner), st.frozensets(inner, max_size=3)), max_leaves=5)
@@ -115,7 +126,8 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
 
 # keys: the numeric tower's equal members (1, True, 1.0), str vs bytes, tuples of them
 KEY_ATOMS = st.one_of(st.integers(-2, 3), st.booleans(), st.sampled_from([0.0, 1.0, 2.0, -0.0]),
-                      st.sampled_from(["a", "b", "1", ""]), st.sampled_from([b"a", b"1", b""]),
+                      st.sampled_from(["a", "b", "1", "", "\udcff"]),
+                      st.sampled_from([b"a", b"1", b""]),
                       st.sampled_from([2 ** 64, -2 ** 70]))
 KEYS = st.one_of(KEY_ATOMS, st.tuples(KEY_ATOMS), st.tuples(KEY_ATOMS, KEY_ATOMS))
 
@@ -262,7 +274,9 @@ class DictMachine(Machine):
                "^": lambda x: x ^ other, "r-": lambda x: other - x, "<=": lambda x: x <= other,
                ">=": lambda x: x >= other, "<": lambda x: x < other, ">": lambda x: x > other,
                "==": lambda x: x == other, "disj": lambda x: x.isdisjoint(other)}
-        assert outcome(lambda: ops[op](a)) == outcome(lambda: ops[op](b))
+        # (of two equal elements, 0 and False, which one a set operation keeps is the
+        # implementation's choice: the results are compared as sets)
+        assert _loose(lambda: ops[op](a)) == _loose(lambda: ops[op](b))
 
     @rule(data=st.data())
     def items_view(self, data):
