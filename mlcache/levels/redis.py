@@ -21,6 +21,22 @@ finds it here, never the older copy below. The last level (nothing below) remove
 victims in the transaction. An unbounded level keeps no accounting and pays nothing for it. A Lua script would do the same in one round trip but would keep the eviction
 arithmetic in a second language; the batch sizes the manager uses make the extra round trips cheap.
 
+Listing (``scan(prefix)``: a namespace's or a structure's keys) reads the listing index, a sorted
+set beside the data (``prefix + "\x00keys"``; member ``b"k" + key``, score 0): the members
+from ``prefix`` on in lexicographic order (``ZRANGEBYLEX``), a page of 1,000 per script call,
+each checked to be stored (a member whose key is gone is skipped and removed). O(log N + the
+keys listed), where a ``SCAN MATCH`` was O(every key in the database): iterating a set of 10
+took 15 ms beside 10,000 others. Every write keeps it in the same transaction as the data (the
+unbounded level's MSET and UNLINK are sent between ``MULTI`` and ``EXEC``; the bounded level's
+transaction and the release script add and remove the members too), so no reader, writer or
+listing ever sees a key stored that the index misses; an operation cut short applies nothing.
+Data stored before the index existed (an older version, or the index lost) is added by one
+``SCAN`` of the level the first time it is listed, then the empty member (the sentinel) says
+the index is complete; a key written meanwhile is added by its writer. A process of a version
+without the index writing to the same prefix after that is not supported: its new keys would
+not be listed. The cost: ~8 us of Python per write of 32 keys (a ZADD packed with the MSET)
+and ~130 bytes of Redis memory a key (the bounded level's LRU set is the same again).
+
 Connections are made lazily and rebuilt when ``os.getpid()`` changes, so a level created before a
 fork (a Spark Python worker) never shares a socket with its parent. Connection failures and
 timeouts are retried ``config.retries`` times, quickly, then raised as
@@ -46,7 +62,7 @@ from ..codec import Encoded
 from ..config import RedisConfig, redacted_url
 from ..errors import CacheError, CapacityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
-from ._resp import request_values
+from ._resp import read_replies, request_values
 from .base import HeldVictims, Victims
 
 __all__ = ["RedisLevel", "glob_escape"]
@@ -68,15 +84,16 @@ _RELEASE_CHUNK = 512   # held victims released per script call
 # retried; a holder that dies leaves keys stored, counted, and out of eviction this long.
 _LEASE = 300.0
 # Gives up the lease of each held victim (KEYS[4:]) and, when ARGV[1] is "1", removes each one
-# whose value is still the one handed down (ARGV[2:]), from the LRU set (KEYS[2]) too, taking
-# its bytes off the counter (KEYS[1]), atomically: a value another process wrote meanwhile
-# stays. Value equality, not a version: if the level holds the very bytes the level below now
-# holds, removing them changes no read's answer.
+# whose value is still the one handed down (ARGV[4:], beside its key), from the LRU set
+# (KEYS[2]) and the listing index (ARGV[2]; ARGV[3]: the length of the data keys' prefix) too,
+# taking its bytes off the counter (KEYS[1]), atomically: a value another process wrote
+# meanwhile stays. Value equality, not a version: if the level holds the very bytes the level
+# below now holds, removing them changes no read's answer.
 _RELEASE = """
 local gone, freed = {}, 0
 if ARGV[1] == '1' then
   for i = 4, #KEYS do
-    local v = ARGV[i - 2]
+    local v = ARGV[i]
     if redis.call('GET', KEYS[i]) == v then
       gone[#gone + 1] = KEYS[i]
       freed = freed + #v
@@ -88,10 +105,41 @@ if #gone > 0 then
   redis.call('UNLINK', unpack(gone))
   redis.call('ZREM', KEYS[2], unpack(gone))
   redis.call('DECRBY', KEYS[1], freed)
+  local plen = tonumber(ARGV[3])
+  for i, k in ipairs(gone) do gone[i] = 'k' .. string.sub(k, plen + 1) end
+  redis.call('ZREM', ARGV[2], unpack(gone))
 end
 return freed
 """
 _RELEASE_SHA = hashlib.sha1(_RELEASE.encode()).hexdigest()
+# One page of the listing index (KEYS[1], see "Listing" in the module docstring): {next start,
+# the members from ARGV[1] on (a ZRANGEBYLEX start) starting with ARGV[2] whose key (ARGV[3] ..
+# the member's bytes after its first) is stored}; the next start is "" after the last page.
+# Members whose key is gone are removed on the way. {"-"} when the index is not built (no
+# sentinel, the empty member).
+_LIST = """
+if not redis.call('ZSCORE', KEYS[1], '') then return {'-'} end
+local page = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], '+', 'LIMIT', 0, 1000)
+local out, dead, n = {''}, {}, #ARGV[2]
+if #page == 1000 then out[1] = '(' .. page[1000] end
+for _, m in ipairs(page) do
+  if string.sub(m, 1, n) ~= ARGV[2] then
+    out[1] = ''
+    break
+  end
+  if redis.call('EXISTS', ARGV[3] .. string.sub(m, 2)) == 1 then
+    out[#out + 1] = m
+  else
+    dead[#dead + 1] = m
+  end
+end
+if #dead > 0 then redis.call('ZREM', KEYS[1], unpack(dead)) end
+return out
+"""
+_LIST_SHA = hashlib.sha1(_LIST.encode()).hexdigest()
+_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
+_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
+_SIMPLE = (b"+", b":", b"-", b"*", b"$")   # the first byte of a write's replies
 
 
 def glob_escape(data: bytes) -> bytes:
@@ -192,16 +240,47 @@ def _send_on(conn: Any, buffers: list[Any], replies: int) -> None:
     error: Exception | None = None
     try:
         _send_all(conn, buffers)
+        sock = getattr(conn, "_sock", None)
+        if type(sock) is socket.socket and sock.recv(1, socket.MSG_PEEK) in _SIMPLE:
+            # read here, not by redis-py (see _resp.read_replies): a plain socket, and the
+            # first reply one a write has (a RESP3 push first: redis-py's to read)
+            try:
+                error = read_replies(sock, replies, conn._parser.parse_error)
+            except TimeoutError:
+                raise redis.TimeoutError("Timeout reading from socket") from None
+            except (ValueError, IndexError, redis.InvalidResponse) as exc:
+                raise redis.ConnectionError(f"unexpected reply to a write: {exc}") from exc
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+            replies = 0
         for _ in range(replies):
             try:
-                conn.read_response()
+                reply = conn.read_response()
             except redis.ResponseError as exc:
                 error = error or exc
+            else:
+                if type(reply) is list:   # an EXEC's: the errors of its commands are in it
+                    error = error or next((r for r in reply if isinstance(r, Exception)), None)
     except BaseException:
         conn.disconnect()
         raise
     if error is not None:
         raise error
+
+
+def _zadd_packed(key: bytes, keys: Sequence[bytes]) -> bytes:
+    """``ZADD key 0 k<key>...`` of ``keys`` (the listing index, see ``RedisLevel.scan``) in
+    the Redis protocol."""
+    return b"*%d\r\n$4\r\nZADD\r\n$%d\r\n%b\r\n%b" % (
+        2 * len(keys) + 2, len(key), key,
+        b"".join([b"$1\r\n0\r\n$%d\r\nk%b\r\n" % (len(k) + 1, k) for k in keys]))
+
+
+def _zrem_packed(key: bytes, keys: Sequence[bytes]) -> bytes:
+    """``ZREM key k<key>...`` of ``keys`` in the Redis protocol."""
+    return b"*%d\r\n$4\r\nZREM\r\n$%d\r\n%b\r\n%b" % (
+        len(keys) + 2, len(key), key,
+        b"".join([b"$%d\r\nk%b\r\n" % (len(k) + 1, k) for k in keys]))
 
 
 def _unlink_packed(keys: Sequence[bytes]) -> bytes:
@@ -266,6 +345,7 @@ class RedisLevel:
         self._bytes_key = self._meta + b"bytes"
         self._lru_key = self._meta + b"lru"
         self._held_key = self._meta + b"held"     # leases of held victims (_LEASE)
+        self._index = self._meta + b"keys"        # the listing index (scan)
         self._lock = threading.Lock()
         self._client: redis.Redis | None = None
         self._pid: int | None = None
@@ -465,11 +545,16 @@ class RedisLevel:
             if not batch:
                 return []
 
+            # each key joins its unit's listing index in the same transaction as it is
+            # stored (see scan)
+            index = [_zadd_packed(self._index, chunk) for chunk in _chunks(list(batch))]
+
             def go_plain(client: redis.Redis) -> Victims:
                 full = [(self.prefix + k, v) for k, v in batch.items()]
                 commands = [_mset_packed(chunk) for chunk in _chunks(full, _CHUNK)]
-                _send_packed(client, [c for command in commands for c in command],
-                             len(commands), self._own_connection(client))
+                buffers = [_MULTI, *index, *(c for command in commands for c in command), _EXEC]
+                _send_packed(client, buffers, len(index) + len(commands) + 2,
+                             self._own_connection(client))
                 return []
 
             try:
@@ -631,12 +716,12 @@ class RedisLevel:
         if not held:
             return
         head = [self._bytes_key, self._lru_key, self._held_key]
-        flag = b"1" if remove else b"0"
+        flag = [b"1" if remove else b"0", self._index, b"%d" % len(self.prefix)]
 
         def go(client: redis.Redis) -> None:
             for chunk in _chunks(held, _RELEASE_CHUNK):
                 keys = [*head, *(self.prefix + k for k, _ in chunk)]
-                args = [flag, *(v if remove else b"" for _, v in chunk)]
+                args = [*flag, *(v if remove else b"" for _, v in chunk)]
                 try:
                     # packed here, like the MGETs and MSETs (redis-py's evalsha packs each
                     # argument in Python: ~1/3 of what holding victims adds to a write)
@@ -686,7 +771,9 @@ class RedisLevel:
                     if gone:
                         pipe.unlink(*gone)
                         pipe.zrem(self._lru_key, *gone)
+                        self._index_pipe(pipe, False, (*plan.evict, *plan.passthrough))
                     if stay:
+                        self._index_pipe(pipe, True, [k for k in batch if k not in passed])
                         pipe.mset(stay)
                         now = time.time()
                         pipe.zadd(self._lru_key, {k: now for k in stay})
@@ -733,6 +820,7 @@ class RedisLevel:
         if stale:   # in the LRU set, gone from the store (deleted by other means)
             pipe.zrem(self._lru_key, *stale)
         if stay:
+            self._index_pipe(pipe, True, list(stay))
             pipe.mset({self.prefix + k: v for k, v in stay.items()})
             now = time.time()
             pipe.zadd(self._lru_key, {self.prefix + k: now for k in stay})
@@ -745,19 +833,33 @@ class RedisLevel:
         evicted = [(k, stored[k]) for k in plan.evict if k in stored]
         return HeldVictims(evicted + passed, list(stored.items()), passed)
 
+    def _index_pipe(self, pipe: Any, add: bool, keys: Sequence[bytes]) -> None:
+        """Add ``keys`` (without the prefix) to the listing index, or remove them, on a
+        redis-py pipeline (a bounded level's transaction)."""
+        for chunk in _chunks(keys):
+            if add:
+                pipe.zadd(self._index, {b"k" + k: 0 for k in chunk})
+            else:
+                pipe.zrem(self._index, *(b"k" + k for k in chunk))
+
     def put(self, key: bytes, value: bytes) -> Victims:
         return self.put_many([(key, value)])
 
     def delete_many(self, keys: Sequence[bytes]) -> None:
         if not keys:
             return
-        full = list(dict.fromkeys(self.prefix + bytes(k) for k in keys))
+        plain = list(dict.fromkeys(bytes(k) for k in keys))
+        full = [self.prefix + k for k in plain]
         if self.max_bytes is None:
+            # the keys leave their listing index in the same transaction (see scan)
+            index = [_zrem_packed(self._index, chunk) for chunk in _chunks(plain)]
+
             def go(client: redis.Redis) -> None:
                 # packed here and pipelined on one connection, like put_many's MSETs (a
                 # redis-py pipeline costs ~0.3 ms of Python per call; the writer thread
                 # deletes a whole structure's entries at once)
-                commands = [_unlink_packed(chunk) for chunk in _chunks(full)]
+                commands = [_MULTI, *(_unlink_packed(chunk) for chunk in _chunks(full)),
+                            *index, _EXEC]
                 _send_packed(client, commands, len(commands), self._own_connection(client))
 
             self._run("delete", go)
@@ -773,6 +875,7 @@ class RedisLevel:
                         pipe.multi()
                         pipe.unlink(*full)
                         pipe.zrem(self._lru_key, *full)
+                        self._index_pipe(pipe, False, plain)
                         pipe.decrby(self._bytes_key, freed)
                         pipe.execute()
                         return
@@ -799,15 +902,42 @@ class RedisLevel:
                 return
 
     def scan(self, prefix: bytes = b"") -> Iterator[bytes]:
-        """Every stored key starting with ``prefix`` (``SCAN MATCH``, each key once)."""
-        pages = self._run("scan", lambda client: list(self._scan_pages(client, bytes(prefix))))
+        """Every stored key starting with ``prefix``, each once: a range of the listing
+        index, O(log N + the keys listed), not O(every key in the database)."""
+        prefix = bytes(prefix)
+        keys = self._run("scan", lambda client: self._list(client, prefix))
+        yield from keys
+
+    def _list(self, client: redis.Redis, prefix: bytes) -> list[bytes]:
+        """The keys of the listing index starting with ``prefix`` whose values are stored,
+        in pages of 1,000 (one script call each). The index is built first if it is not
+        (data written before there was one, or the index lost): a ``SCAN`` of the level adds
+        every stored key, then the sentinel (the empty member) says it is complete; a key
+        written meanwhile is added by its writer."""
+        first = b"[k" + prefix
+        start = first
+        out: list[bytes] = []
+        while True:
+            args = (self._index, start, b"k" + prefix, self.prefix)
+            try:
+                reply: Any = client.evalsha(_LIST_SHA, 1, *args)
+            except redis.exceptions.NoScriptError:
+                reply = client.eval(_LIST, 1, *args)
+            if reply[0] == b"-":
+                self._build_index(client)
+                start = first
+                out.clear()
+                continue
+            out.extend(m[1:] for m in reply[1:])
+            start = reply[0]
+            if not start:
+                return out
+
+    def _build_index(self, client: redis.Redis) -> None:
         plen = len(self.prefix)
-        seen: set[bytes] = set()
-        for page in pages:
-            for full in page:
-                if full not in seen:
-                    seen.add(full)
-                    yield full[plen:]
+        for page in self._scan_pages(client, b""):
+            client.zadd(self._index, {b"k" + k[plen:]: 0 for k in page})
+        client.zadd(self._index, {b"": 0})
 
     def used_bytes(self) -> int:
         """Bytes of values stored under this prefix (O(1) when bounded, a SCAN otherwise)."""
