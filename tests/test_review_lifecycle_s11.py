@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import signal
 import threading
 import time
 import uuid
@@ -549,3 +550,39 @@ def test_a_keyboard_interrupt_while_victims_are_queued_loses_no_write(kind, tmp_
     with CacheManager(config) as again:
         assert again.get_many(["a", "b", "c", "d"]) == {"a": 1, "b": _Interrupted(7), "c": 3,
                                                         "d": 4}
+
+
+@pytest.mark.parametrize("where", ["after BEGIN", "in the exit"])
+def test_a_disk_write_after_an_interrupted_one_is_committed(where, tmp_path):
+    # Regression: diskcache runs BEGIN IMMEDIATE before its transaction's context starts, and
+    # a batch's with statement ends in a generator that an interrupt may never resume. A
+    # KeyboardInterrupt landing there (the SIGALRM probe hung in its first flush) left this
+    # thread's connection in a transaction nobody ended: it held the database's write lock,
+    # so every other connection's write waited for it (the writer thread for ever), and this
+    # thread's next batch failed ('cannot start a transaction within a transaction') or,
+    # with diskcache's bookkeeping still naming the thread, went into it, never committed.
+    # The two states are made here as the interrupt leaves them; the next write of the
+    # thread must end the old transaction, commit, and leave the lock free, and collecting
+    # the abandoned generator afterwards must not touch a later batch.
+    from mlcache.levels.disk import DiskLevel
+
+    path = str(tmp_path / "d")
+    level = DiskLevel(DiskConfig(path=path))
+    other = DiskLevel(DiskConfig(path=path, timeout=2.0))
+    level.put_many([(b"k", b"0")])
+    abandoned = None
+    if where == "after BEGIN":
+        level._shards[0]._sql("BEGIN IMMEDIATE")   # BEGIN ran, the context never started
+    else:
+        abandoned = level._locked([0])             # the body ran, the exit never resumed it
+        abandoned.__enter__()
+        level._shards[0]._sql("UPDATE Settings SET value = value WHERE key = 'count'")
+    level.put_many([(b"k", b"1")])
+    assert other.get_many([b"k"]) == [b"1"]        # committed: another connection sees it
+    other.put_many([(b"probe", b"x")])             # and the write lock is free
+    del abandoned
+    gc.collect()
+    level.put_many([(b"k", b"2")])
+    assert other.get_many([b"k", b"probe"]) == [b"2", b"x"]
+    level.close()
+    other.close()

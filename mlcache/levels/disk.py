@@ -376,6 +376,7 @@ class DiskLevel:
         # connections they use. (append and pop are atomic: a counter without the two lock
         # acquisitions that added ~40% to _guard's instructions under callgrind.)
         self._calls: list[None] = []
+        self._batch = threading.local()   # .stack: the transactions of this thread's batch
         self._close_lock = threading.Lock()
         self._idle = threading.Event()
         settings = dict(eviction_policy="none", cull_limit=0, statistics=0)
@@ -477,18 +478,56 @@ class DiskLevel:
         created: list[tuple[int, str]] = []
         gate = _GATE
         gate.enter()
+        local = self._batch
         try:
+            stale = getattr(local, "stack", None)
+            if stale is not None:
+                # The last batch of this thread was interrupted in the with statement's exit,
+                # before this generator resumed: its transactions are still open, and the
+                # collector would have rolled them back later, in the middle of another
+                # batch of this thread (diskcache's rollback takes any transaction of the
+                # thread for its own). Rolled back now: that batch raised.
+                local.stack = None
+                with contextlib.suppress(Exception):
+                    stale.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
+            self._end_dangling(indexes)   # (one an interrupt left open, even in the cleanup)
             with contextlib.ExitStack() as stack:
+                local.stack = stack
                 for i in sorted(indexes):
-                    stack.enter_context(self._shards[i].transact())
+                    cm = self._shards[i].transact()
+                    # its exit pushed before it runs BEGIN: interrupted in enter_context between
+                    # the two, it stayed open outside the stack (and see ``stale`` above)
+                    stack.push(cm.__exit__)
+                    cm.__enter__()
                 yield obsolete, created
+            local.stack = None
         except BaseException:
+            local.stack = None
+            self._end_dangling(indexes)
             self._drop_unreferenced(created)
             raise
         finally:
             gate.leave()
         for i, filename in obsolete:
             self._shards[i].disk.remove(filename)
+
+    def _end_dangling(self, indexes: Sequence[int]) -> None:
+        """Roll back a transaction a failed batch left open: diskcache runs BEGIN IMMEDIATE
+        before its context starts, so a KeyboardInterrupt landing between the two left this
+        thread's connection in a transaction nobody ends, holding the database's write lock
+        (every other thread's and process's write then waited for it: the writer thread for
+        ever) and taking this thread's later writes into it, never committed (not durable,
+        unseen by others). Batches do not nest, so a transaction still open here is such a
+        one (a failure inside the batch was rolled back by diskcache)."""
+        me = threading.get_ident()
+        for i in indexes:
+            shard = self._shards[i]
+            con = getattr(shard._local, "con", None)
+            if con is None or not con.in_transaction or shard._txn_id not in (None, me):
+                continue
+            shard._txn_id = None
+            with contextlib.suppress(sqlite3.Error):
+                con.execute("ROLLBACK")
 
     def _drop_unreferenced(self, files: list[tuple[int, str]]) -> None:
         """Remove the value files of a failed batch that no row names (a shard whose commit
