@@ -737,6 +737,10 @@ class WriteBack:
                                                len(items) * limit // max(1, size)))
                 return pos + n, n
             pos, n = step() if retry is None else retry(step)
+            if lost is None and pos < len(todo):
+                # between two batches of an early copy (the job goes on meanwhile), let a
+                # reader's miss or a put that needs room take the I/O lock (it is not fair)
+                time.sleep(0)
         with self.io_lock:
             self._newer_base[i] = min(self._newer_base[i], len(self.newer[i]))
 
