@@ -631,3 +631,55 @@ def test_a_keyboard_interrupt_in_a_flush_loses_no_write(tmp_path, redis_url):
     m.close()
     with CacheManager(config) as again:
         assert again.get("a") == 1
+
+
+# -- two managers on one Redis prefix and one disk directory ---------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_managers_of_one_process_share_their_levels(kind, tmp_path, redis_url):
+    # (found fine: kept as a record) coherence.md: a write is visible to another manager once
+    # flushed (checkpointed, over an arena), and invalidate_local drops stale clean copies.
+    # Two threads, one manager each, each writing its own keys and reading the other's.
+    config = _config(kind, 4, tmp_path, redis_url, f"two-{kind}")
+    managers = [CacheManager(config), CacheManager(config)]
+    publish = "checkpoint" if kind == "arena-disk" else "flush"
+    models: list[dict] = [{}, {}]
+    published: list[dict] = [{}, {}]
+    barrier = threading.Barrier(2)
+    failures: list = []
+
+    def run(me: int) -> None:
+        m, rng, other = managers[me], random.Random(me), 1 - me
+        try:
+            for rnd in range(15):
+                for _ in range(20):
+                    k = (me, rng.randrange(12))
+                    if rng.random() < .8:
+                        m.put(k, [me, rnd])
+                        models[me][k] = [me, rnd]
+                    else:
+                        m.delete(k)
+                        models[me].pop(k, None)
+                getattr(m, publish)()
+                published[me] = dict(models[me])
+                barrier.wait(30)             # both published this round
+                m.invalidate_local()
+                keys = [(other, i) for i in range(12)]
+                if m.get_many(keys) != published[other]:
+                    failures.append((me, rnd, m.get_many(keys), published[other]))
+                barrier.wait(30)             # both read before the next round's writes
+        except BaseException as exc:
+            failures.append((me, repr(exc)))
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures, failures[:3]
+    for m in managers:
+        m.close()
+    with CacheManager(config) as again:
+        for me in range(2):
+            assert again.get_many([(me, i) for i in range(12)]) == models[me]
