@@ -290,12 +290,13 @@ class DictMachine(Machine):
             except TypeError:
                 pass
         other.add(("nokey", 1))
-        if not all(_hashable(v) for v in self.model.values()):
+        if not all(_hashable(v) for v in self.model.values()) or _has_nan(self.model):
             return   # (dict's items & set hashes the items or not, depending on the sizes)
         assert outcome(lambda: self.s.items() & other) == outcome(lambda: self.model.items() & other)
         assert outcome(lambda: self.s.items() - other) == outcome(lambda: self.model.items() - other)
         for p in picked:
-            assert (p in self.s.items()) == (p in self.model.items())
+            if not _has_nan(p):   # (found by identity in the model)
+                assert (p in self.s.items()) == (p in self.model.items())
 
     @rule(op=st.sampled_from(["k", "v", "i", "rk", "rv", "ri"]))
     def mutate_during_iteration(self, op):
@@ -343,6 +344,10 @@ class DictMachine(Machine):
             assert s.keys() == model.keys() and model.keys() == s.keys()
             assert s.items() == model.items()
         assert (s == {"other": 1}) == (model == {"other": 1})
+
+
+def _has_nan(v: Any) -> bool:
+    return any(x != x for x in _leaves(v))
 
 
 def _hashable(v: Any) -> bool:
@@ -437,6 +442,8 @@ class ListMachine(Machine):
         v = data.draw(st.sampled_from(self.model) if self.model and data.draw(st.booleans())
                       else VALUES)
         lo, hi = data.draw(INDEX), data.draw(INDEX)
+        if _has_nan(v):
+            return   # (list's search finds a NaN by identity, which a copy read back is not)
         assert (v in self.s) == (v in self.model)
         assert self.s.count(v) == self.model.count(v)
         assert outcome(lambda: self.s.index(v)) == outcome(lambda: self.model.index(v))
@@ -446,6 +453,8 @@ class ListMachine(Machine):
     def remove(self, data):
         v = data.draw(st.sampled_from(self.model) if self.model and data.draw(st.booleans())
                       else VALUES)
+        if _has_nan(v):
+            return
         assert outcome(lambda: self.s.remove(v)) == outcome(lambda: self.model.remove(v))
 
     @rule(rev=st.booleans(), key=st.sampled_from(["repr", "canon", "len"]))
