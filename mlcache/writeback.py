@@ -426,7 +426,8 @@ class WriteBack:
         self._stop.set()
         self._wake.set()
         for t in self._threads:
-            if t is not threading.current_thread():
+            # (a thread not started: ensure_writers interrupted between creating and starting)
+            if t is not threading.current_thread() and t.ident is not None:
                 t.join(timeout=10)
         self._threads = []
 
@@ -474,7 +475,7 @@ class WriteBack:
                 carry = _joined(carry)
             try:
                 victims = level.put_many(carry)
-            except Exception as exc:
+            except BaseException as exc:    # a KeyboardInterrupt too: the batch is put back
                 if held is None:
                     self._requeue(i, carry)
                 else:
@@ -722,7 +723,7 @@ class WriteBack:
                                 newer.update(gone)   # left for reads and the checkpoint
                         try:
                             self._write(i + 1, items)
-                        except Exception:
+                        except BaseException:
                             # The copy is still on level i; remember it is newer there.
                             newer.update(k for k, _ in items)
                             raise

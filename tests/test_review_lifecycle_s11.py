@@ -611,14 +611,12 @@ class _InterruptedWrite:
         return self._level.put_many(items)
 
 
-@pytest.mark.xfail(strict=True, reason="mlcache/writeback.py: a batch taken from the eviction "
-                   "buffer is lost when its write is interrupted (BaseException)")
 def test_a_keyboard_interrupt_in_a_flush_loses_no_write(tmp_path, redis_url):
-    # drain_once takes a batch out of the buffer and writes it; the failure path that puts
-    # it back runs for an Exception only, so a KeyboardInterrupt in the write (a Ctrl-C in a
-    # flush or checkpoint) drops the batch: the writes were acknowledged, they are in no
-    # heap, no queue and no level. The fix belongs in WriteBack's write path (put the batch
-    # back on BaseException too, then re-raise).
+    # Regression: drain_once takes a batch out of the buffer and writes it; the failure path
+    # that puts it back ran for an Exception only, so a KeyboardInterrupt in the write (a
+    # Ctrl-C in a flush or checkpoint) dropped the batch: the writes were acknowledged, and
+    # were in no heap, no queue and no level. WriteBack._write now puts it back on any
+    # BaseException, then re-raises.
     config = _config("disk", 2, tmp_path, redis_url, "interrupted-flush")
     m = CacheManager(config)
     gated = _InterruptedWrite(m._levels[0])
