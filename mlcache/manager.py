@@ -26,6 +26,7 @@ import importlib
 import itertools
 import os
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -96,7 +97,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _release_dropped(wb: WriteBack, levels: list, pid: int) -> None:
+def _release_dropped(wb: WriteBack, levels: list, pid: int, name: str) -> None:
     """A manager garbage-collected without close(): stop its writer threads and close its
     levels. Its writer threads refer to the write-back and the levels, not to the manager, so
     they outlived it, each holding its levels' connections and files (a thread and three file
@@ -107,6 +108,12 @@ def _release_dropped(wb: WriteBack, levels: list, pid: int) -> None:
     there could wait on a lock that thread holds."""
     if pid != os.getpid():
         return   # a forked child's copy: the parent's threads and connections are not ours
+    # As an unclosed file or socket does: a dropped manager is a bug in the caller's program
+    # (its unflushed writes are gone), silent unless warnings of this category are shown
+    # (python -X dev, -W default, pytest).
+    warnings.warn(f"CacheManager (namespace {name!r}) was garbage-collected without close(): "
+                  "writes it had not flushed or checkpointed are discarded; call close() or "
+                  "use it in a with statement", ResourceWarning, stacklevel=2)
 
     def release() -> None:
         try:
@@ -250,7 +257,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._cold.last_checkpoint_id = None
         self._cold.closing = None
         self._cold.release = weakref.finalize(self, _release_dropped, self._wb, levels,
-                                              os.getpid())
+                                              os.getpid(), config.namespace)
         self._cold.release.atexit = False   # at exit the process releases everything itself
         self._records: Any = None   # the record cache (mlcache.recordcache) when the policy is dedup
         if self._heap is not None and self._heap.policy.name == "dedup":

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import uuid
+import warnings
 
 import pytest
 
@@ -243,6 +244,7 @@ def test_two_hundred_managers_opened_and_closed_leave_no_thread_or_file(tmp_path
     assert _fds() <= fds + 2
 
 
+@pytest.mark.filterwarnings("ignore::ResourceWarning")   # (the next test checks it)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_manager_dropped_without_close_releases_its_threads_and_files(kind, tmp_path,
                                                                        redis_url):
@@ -262,6 +264,25 @@ def test_a_manager_dropped_without_close_releases_its_threads_and_files(kind, tm
         del m
     assert _settle(threads) == threads
     assert _fds() <= fds + 2
+
+
+def test_a_manager_dropped_without_close_warns_as_an_unclosed_file_does(tmp_path, redis_url):
+    # A dropped manager discards what it had not flushed (guarantees.md), which is a bug in
+    # the caller's program; it said nothing. Now a ResourceWarning names the namespace, as
+    # an unclosed file or socket does (shown by pytest, python -X dev, -W default).
+    config = _config("disk", 4, tmp_path, redis_url, "dropped-warns")
+    m = CacheManager(config)
+    m.put("k", 1)
+    with pytest.warns(ResourceWarning, match=r"namespace 'lc'\) was garbage-collected without "
+                      r"close\(\)"):
+        del m
+        gc.collect()
+    closed = CacheManager(config)
+    closed.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del closed
+        gc.collect()                      # a closed manager says nothing
 
 
 # -- close() racing other threads -------------------------------------------------------------
