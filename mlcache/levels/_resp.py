@@ -194,8 +194,9 @@ def read_replies(sock: socket.socket, n: int,
     error nested in an ``EXEC``'s array included) as a ``ResponseError``, or None; their
     values are dropped. For pipelined writes, whose replies say only whether each command
     was applied (``parse_error``: the connection's parser's, which maps an error's code to
-    redis-py's class, ``NoScriptError`` for ``NOSCRIPT``...): redis-py reads each with a readline per element in Python (~8 us a reply
-    here, and a transaction of a SADD per namespace and an MSET has a dozen of them).
+    redis-py's class, ``NoScriptError`` for ``NOSCRIPT``...). redis-py reads each with a
+    readline per element in Python (~8 us a reply here), and a write's transaction (MULTI,
+    its MSETs, the key index's ZADDs, EXEC) has several.
 
     Every reply's elements are counted: an array of k replaces itself by its k elements; a
     bulk string is skipped by its length. A closed socket raises ``ConnectionError``; any
