@@ -61,9 +61,13 @@ class ManagerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="mlcache-struct-")
-        self.config = tiny_config(self.level_kind, self.dir, self.redis_url)
+        self.config = self.make_config()
         self.m = CacheManager(self.config)
         self.s = self.open_structure(self.m)
+
+    def make_config(self) -> CacheConfig:
+        """The manager's config, over ``self.dir`` (a subclass may choose other layouts)."""
+        return tiny_config(self.level_kind, self.dir, self.redis_url)
 
     def open_structure(self, m: CacheManager) -> Any:
         raise AssertionError("subclasses open their structure")

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import uuid
 from typing import Any
 
 import pytest
+from _structures_support import ManagerMachine
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from mlcache import ArenaConfig, CacheConfig, CacheManager, DiskConfig, HeapConfig, RedisConfig
 
@@ -152,44 +151,19 @@ def _set_elem(k: Any) -> Any:
 
 # -- the machines' common ground -------------------------------------------------------------
 
-class Machine(RuleBasedStateMachine):
+class Machine(ManagerMachine):
+    """The shared machine (flush, checkpoint, close and reopen: tests/_structures_support.py)
+    over this review's layouts, with ``invalidate_local`` as one more rule."""
+
     kind = "disk"
-    redis_url: str | None = None
     heap_n = 4
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="mlcache-fid-")
-        self.config = make_config(self.kind, self.dir, self.redis_url, self.heap_n)
-        self.m = CacheManager(self.config)
-        self.s = self.open(self.m)
-
-    def open(self, m: CacheManager) -> Any:
-        raise NotImplementedError
-
-    @rule()
-    def flush(self) -> None:
-        self.m.flush()
-
-    @rule()
-    def checkpoint(self) -> None:
-        self.m.checkpoint()
+    def make_config(self) -> CacheConfig:
+        return make_config(self.kind, self.dir, self.redis_url, self.heap_n)
 
     @rule()
     def invalidate_local(self) -> None:
         self.m.invalidate_local()
-
-    @rule()
-    def reopen(self) -> None:
-        self.m.close()
-        self.m = CacheManager(self.config)
-        self.s = self.open(self.m)
-
-    def teardown(self) -> None:
-        try:
-            self.m.close()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -- dict ------------------------------------------------------------------------------------
@@ -205,7 +179,7 @@ class DictMachine(Machine):
         self.model: dict = {}
         super().__init__()
 
-    def open(self, m):
+    def open_structure(self, m):
         return m.dict("d")
 
     @rule(k=KEYS, v=VALUES)
@@ -385,7 +359,7 @@ class ListMachine(Machine):
         self.model: list = []
         super().__init__()
 
-    def open(self, m):
+    def open_structure(self, m):
         return m.list("l", chunk_size=self.chunk)
 
     @rule(v=VALUES)
@@ -540,7 +514,7 @@ class SetMachine(Machine):
         self.model: set = set()
         super().__init__()
 
-    def open(self, m):
+    def open_structure(self, m):
         return m.set("s")
 
     @rule(e=ELEMS)
