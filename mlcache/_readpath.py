@@ -210,6 +210,7 @@ class ReadPath:
     _codec: Any
     _digests: Digests
     _handed: set[bytes]
+    _lend: Callable[..., None]
     _access: Any
     _track: bool
     _cold: Any   # the manager's _Cold: level_names, loading, hits, weighers, stats
@@ -248,7 +249,9 @@ class ReadPath:
                 data, wb, loading = self._data, self._wb, self._cold.loading
                 tombstones = wb.tombstones
                 queued = wb.buffer.pending[0] if wb.levels else None
-                if (data.keys().isdisjoint(todo) and _clear(todo, tombstones, queued, loading)):
+                loans = self._cold.loans
+                if (data.keys().isdisjoint(todo) and _clear(todo, tombstones, queued, loading)
+                        and (not loans or loans.keys().isdisjoint(todo))):
                     # The usual batched miss: no key resident, deleted, queued or being read
                     # by another thread; checked with C-level set operations over the batch.
                     mine = todo
@@ -269,6 +272,13 @@ class ReadPath:
                     if kb in tombstones:
                         misses += 1
                         continue
+                    if loans:
+                        loan = loans.pop(kb, None)
+                        if loan is not None:   # held by a caller since it left the heap
+                            out[kb] = self._readmit(kb, loan, ts)
+                            if not prefetch:
+                                self._cold.hits += 1
+                            continue
                     if loading:
                         other = loading.get(kb)
                         if other is not None:
@@ -549,7 +559,9 @@ class ReadPath:
         data, wb = self._data, self._wb
         tombstones = wb.tombstones
         queued = wb.buffer.pending[0] if wb.levels else None
-        if whole and data.keys().isdisjoint(keys) and _clear(keys, tombstones, queued):
+        loans = self._cold.loans
+        if whole and data.keys().isdisjoint(keys) and _clear(keys, tombstones, queued) and (
+                not loans or loans.keys().isdisjoint(keys)):
             # Nothing happened to any key while it was read (the usual case), checked over
             # the batch with set operations: everything found goes in, as one batch.
             if found:
@@ -565,6 +577,11 @@ class ReadPath:
                 continue
             if tombstones and kb in tombstones:    # deleted meanwhile
                 continue
+            if loans:
+                loan = loans.pop(kb, None)
+                if loan is not None:           # evicted meanwhile, and held by a caller
+                    out[kb] = self._readmit(kb, loan, ts)
+                    continue
             if queued:
                 raw = queued.get(kb)
                 if raw is not None:            # written and evicted meanwhile
@@ -606,8 +623,11 @@ class ReadPath:
                              weight=None if weight_of is None else weight_of(kb, value))
             if victims:
                 if any(k == kb for k, _, _ in victims):
-                    # not admitted: just decoded, so unchanged; nothing to check or write
+                    # not admitted: just decoded, so unchanged; nothing to check or write,
+                    # but it is being returned: lent, so a change to it is still written
                     self._digests.pop(kb, None)
+                    if track and type(value) not in immutable:
+                        self._lend(kb, value, hash(raw), n)
                     declined.append(kb)
                     victims = [v for v in victims if v[0] != kb]
                     self._cold.stats.levels["heap"].evictions["not_admitted"] += 1
@@ -662,9 +682,32 @@ class ReadPath:
                 pop(kb, None)
             if track:
                 self._handed.difference_update(refused)
+                # but each is being returned: lent, so a change to it is still written
+                gone = set(refused)
+                for kb, value, raw in zip(kbs, values, raws):
+                    if kb in gone and type(value) not in IMMUTABLE:
+                        self._lend(kb, value, hash(raw), len(raw))
             self._cold.stats.levels["heap"].evictions["not_admitted"] += len(refused)
         if victims:
             self._handle_victims(victims)
+
+    def _readmit(self, kb: bytes, loan: tuple[Any, int, int], ts: float | None) -> Any:
+        """Lock held: take a lent object back into the heap, clean, with the digest of what
+        was last written for it (so a change made while it was out is written like any other);
+        the object itself, as a dict would return it (see mlcache._loans)."""
+        value, stored, n = loan
+        heap = self._heap
+        victims = heap.insert(kb, value, dirty=False, size=n, ts=ts,
+                              weight=self._weight_of(kb, value) if self._cold.weighers else None)
+        if victims and any(k == kb for k, _, _ in victims):
+            self._cold.loans.lend(kb, loan)   # not admitted again: still lent
+            victims = [v for v in victims if v[0] != kb]
+        else:
+            self._digests[kb] = stored
+            self._handed.add(kb)
+        if victims:
+            self._handle_victims(victims)
+        return value
 
     def _weight_of(self, kb: bytes, value: Any) -> int | None:
         """The weight a structure keeps in a value it reads back (see ``_weigh_with``), or
@@ -687,8 +730,10 @@ class ReadPath:
         if victims:
             if any(k == kb for k, _, _ in victims):
                 # not admitted: just decoded, so unchanged; nothing to check or write, and no
-                # mark (a change to a value the heap does not hold is not tracked)
+                # mark; but it is being returned: lent, so a change to it is still written
                 self._digests.pop(kb, None)
+                if self._track and type(value) not in IMMUTABLE:
+                    self._lend(kb, value, hash(raw), len(raw))
                 admitted = False
                 victims = [v for v in victims if v[0] != kb]
                 self._cold.stats.levels["heap"].evictions["not_admitted"] += 1

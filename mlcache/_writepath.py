@@ -16,9 +16,11 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from sys import getrefcount
 from typing import Any
 
-from ._readpath import IMMUTABLE, Digests, event_time, same_bytes
+from ._loans import LOAN_REFS, VICTIM_REFS
+from ._readpath import IMMUTABLE, Digests, digest as digest_of, event_time, same_bytes
 from .errors import CacheError, SerializationError
 
 __all__ = ["WritePath"]
@@ -74,6 +76,10 @@ class WritePath:
                 encoded[kb] = (value, raw)
                 good_types.add(type(value))
             raws.append(raw)
+        # A batch larger than the heap evicts its own values as it goes: the batch (and the
+        # caller's mapping, often a temporary) references each, which is not the caller holding
+        # it, so they are not lent (see _queue_victims). One put's own value is: it was refused.
+        fresh = {kb for _, kb, _ in items} if len(items) > 1 and self._track else None
         rc = self._records
         pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
         # A batch whose victims fill the eviction buffer stops to write it before it goes on
@@ -93,6 +99,7 @@ class WritePath:
                     self._apply_reads()
                 wb = self._wb
                 pin_errors = cold.pin_errors
+                loans = self._cold.loans
                 if check_room:   # the victims' queue, its bounds (a cheap test per victim)
                     queued, most, most_bytes = (wb.buffer.pending[0], wb.buffer_max,
                                                 wb.buffer_bytes_max or sys.maxsize)
@@ -102,6 +109,8 @@ class WritePath:
                     wb.tombstones.discard(kb)
                     self._digests.pop(kb, None)
                     self._handed.discard(kb)
+                    if loans:
+                        loans.pop(kb, None)   # the held object is no longer the key's value
                     pin_errors.pop(kb, None)
                     if heap is None:
                         assert raw is not None
@@ -115,7 +124,7 @@ class WritePath:
                                           size=len(raw) if raw is not None else None, ts=ts,
                                           weight=None if weights is None else weights[i])
                     if victims:
-                        self._handle_victims(victims, encoded)
+                        self._handle_victims(victims, encoded, fresh)
                         if check_room and i + 1 < n and error is None and (
                                 len(queued) > most or queued.nbytes > most_bytes) and \
                                 wb.needs_room():
@@ -161,6 +170,7 @@ class WritePath:
                     self._heap.remove(kb)
                 self._digests.pop(kb, None)
                 self._handed.discard(kb)
+                self._cold.loans.pop(kb, None)
                 self._cold.pin_errors.pop(kb, None)
                 if self._levels:
                     self._wb.delete(kb)
@@ -172,7 +182,8 @@ class WritePath:
     # -- victims: what leaves the heap ------------------------------------------------------
 
     def _handle_victims(self, victims: list[tuple[bytes, Any, bool]],
-                        encoded: Mapping[bytes, tuple[Any, bytes]] | None = None) -> None:
+                        encoded: Mapping[bytes, tuple[Any, bytes]] | None = None,
+                        fresh: set[bytes] | None = None) -> None:
         """Lock held: drop clean victims (unless mutated in place), queue dirty ones."""
         heap_st = self._cold.stats.levels["heap"]
         pin_errors = self._cold.pin_errors
@@ -194,7 +205,7 @@ class WritePath:
                     heap_st.evictions["clean"] += 1
             return
         try:
-            self._queue_victims(victims, encoded, heap_st, pin_errors)
+            self._queue_victims(victims, encoded, heap_st, pin_errors, fresh)
         except BaseException:
             # A KeyboardInterrupt (or a MemoryError) in the middle of the batch: the victims
             # not yet queued have left the heap and were in no level's queue, so acknowledged
@@ -210,7 +221,9 @@ class WritePath:
 
     def _queue_victims(self, victims: list[tuple[bytes, Any, bool]],
                        encoded: Mapping[bytes, tuple[Any, bytes]] | None, heap_st: Any,
-                       pin_errors: dict) -> None:
+                       pin_errors: dict, fresh: set[bytes] | None = None) -> None:
+        track = self._track
+        # (the loop's shape is what VICTIM_REFS measured: keep the two alike)
         for kb, value, dirty in victims:
             self._handed.discard(kb)
             digest = self._digests.pop(kb, None)
@@ -225,6 +238,9 @@ class WritePath:
                     continue
                 if same_bytes(digest, raw):
                     heap_st.evictions["clean"] += 1
+                    if getrefcount(value) > VICTIM_REFS:   # still held: see mlcache._loans
+                        self._lend(kb, value, digest if type(digest) is int else hash(raw),
+                                   len(raw))
                     continue
                 self._cold.stats.writeback["mutations_detected"] += 1
             else:
@@ -241,6 +257,51 @@ class WritePath:
             if pin_errors:
                 pin_errors.pop(kb, None)   # failed at a flush, fixed in place since
             self._wb.enqueue(kb, raw)
+            if track and type(value) not in IMMUTABLE and getrefcount(value) > VICTIM_REFS \
+                    and (fresh is None or kb not in fresh):
+                self._lend(kb, value, hash(raw), len(raw))
+
+    def _lend(self, kb: bytes, value: Any, stored: int, n: int) -> None:
+        """Lock held: ``value`` left the heap (or was not admitted) while someone holds it;
+        ``stored``: the digest of its encoding as written (``n`` bytes). See mlcache._loans."""
+        if self._cold.loans.lend(kb, (value, stored, n)):
+            self._check_loans(held_too=False)
+
+    def _check_loans(self, prefix: bytes | None = None, forget: bool = False,
+                     held_too: bool = True) -> None:
+        """Lock held: look at the loans (all, or those under ``prefix``): write each one changed
+        since it was lent or last written, and forget those nobody holds any more (``forget``:
+        all of them). ``held_too=False`` (the look their growth triggers): only the ones nobody
+        holds are encoded, to be forgotten."""
+        loans = self._cold.loans
+        if not loans:
+            return
+        codec, wb = self._codec, self._wb
+        # (the loop's shape is what LOAN_REFS measured: keep the two alike)
+        for kb in list(loans):
+            if prefix is not None and not kb.startswith(prefix):
+                continue
+            loan = loans[kb]
+            obj = loan[0]
+            dead = getrefcount(obj) <= LOAN_REFS
+            if not (dead or forget or held_too):
+                continue
+            try:
+                raw = codec.encode(obj)
+            except SerializationError as exc:
+                loans.pop(kb)
+                self._pin(kb, obj, exc)   # back in the heap, its error raised by the flush
+                continue
+            stored = loan[1]
+            if digest_of(raw) != stored:
+                wb.enqueue(kb, raw)
+                self._cold.stats.writeback["mutations_detected"] += 1
+                stored = digest_of(raw)
+            if dead or forget:
+                loans.pop(kb)
+            else:
+                loans.lend(kb, (obj, stored, len(raw)))
+        loans.looked()
 
     def _pin(self, kb: bytes, value: Any, exc: SerializationError) -> None:
         assert self._heap is not None
@@ -292,6 +353,7 @@ class WritePath:
                 if i == len(dirty) and j < len(check):
                     j = self._check_chunk(check, j, limit)
                 if i == len(dirty) and j == len(check):
+                    self._check_loans()
                     self._stage_unpinned()
                     self._heap.compact()
                     return

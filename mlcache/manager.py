@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ._heapbudget import _ENTRY_OVERHEAD, _MEMO_MIN, _MEMO_SHARE, HeapBudget
 from ._heapbudget import _MEMO_ENTRY  # noqa: F401  (read here by tests/test_reliability_memory)
 from ._keyview import KeyView
+from ._loans import Loans
 from ._namespace import Namespace
 from ._prefetchhooks import PrefetchHooks
 from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _closed_error, _Load,
@@ -85,6 +86,7 @@ def _after_fork() -> None:
                 heap.dirty.discard(kb)
                 manager._digests.pop(kb)
                 manager._handed.discard(kb)
+        manager._cold.loans.clear()   # (as the parent's dirty entries: its to write)
         wb.buffer = EvictionBuffer(len(wb.levels))
         wb.tombstones.clear()
         for newer in wb.newer:
@@ -140,7 +142,7 @@ class _Cold:
     put new state here unless the hit or put path reads it."""
 
     __slots__ = ("closing", "good_types", "hits", "last_checkpoint_id", "level_names", "loading",
-                 "memo_total", "namespaces", "pin_errors", "release", "stats", "structures",
+                 "loans", "memo_total", "namespaces", "pin_errors", "release", "stats", "structures",
                  "weighers", "weak_structures")
 
     memo_total: int  # key memo entries charged to the heap budget (see HeapBudget)
@@ -148,6 +150,7 @@ class _Cold:
     stats: Stats  # counted on misses and evictions, never on a hit
     hits: int  # heap hits replayed to the policy so far
     pin_errors: dict[bytes, SerializationError]  # dirty entries that could not be encoded
+    loans: Loans  # victims still held by the caller (see mlcache._loans)
     good_types: set[type]  # value types seen to encode (see WritePath._put_items)
     loading: dict[bytes, _Load]  # fetches in flight, by key
     # Held weakly: a namespace lives while something uses it (a structure holds its own), and
@@ -240,6 +243,10 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._reads_ts: list[tuple[bytes, float]] = []
         self._digests = Digests(raw_keep)
         self._handed: set[bytes] = set()
+        # victims still held by the caller (see mlcache._loans); what waits to be forgotten is
+        # bounded by 1/64 of the heap's budget in encoded bytes (objects take a few times more)
+        self._cold.loans = Loans(max(4 << 10, self._heap.capacity // 64)
+                                 if self._heap is not None and self._heap.by_bytes else 1 << 20)
         self._cold.pin_errors = {}
         self._cold.good_types = set()
         self._cold.loading = {}
@@ -466,6 +473,10 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
                 victims.append((kb, value, False))
             # like an eviction: a value changed in place is written, not forgotten
             self._handle_victims(victims)
+            # and so is a copy lent to a caller (then forgotten: the next read reads below)
+            self._check_loans(prefix, forget=True)
+            for kb in metas:
+                self._check_loans(kb, forget=True)
             self._cold.stats.levels["heap"].evictions["invalidated"] += len(drop)
             # reads in flight or staged by the prefetcher may predate the other process's
             # changes: in flight ones are read again or dropped, staged ones are dropped
@@ -477,6 +488,15 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._wb.ensure_writers()
         self._reload_structures(structs)
         return forgotten + len(drop)
+
+    def _release_loans(self) -> None:
+        """Forget the lent values nobody holds any more (writing the ones changed while held),
+        if any were lent since the last look: for a caller that just let go of many at once
+        (a quadtree's pages read in a batch larger than the heap, or held by an operation)."""
+        loans = self._cold.loans
+        if loans.lent_since:
+            with self._lock:
+                self._check_loans(held_too=False)
 
     @staticmethod
     def _reload_structures(structs: list) -> None:
@@ -630,6 +650,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             self._data.clear()
             self._digests.clear()
             self._handed.clear()
+            self._cold.loans.clear()
             self._reads.clear()   # in place: see _apply_reads
             self._reads_ts.clear()
 

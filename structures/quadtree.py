@@ -425,6 +425,11 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             return [prefix + _id_key(nid) for nid in ids]
 
     def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
+        # the nodes or pages the previous read returned (a batch larger than the heap evicts
+        # its own first values, lent while they were being returned) are let go by now
+        release = getattr(self._manager, "_release_loans", None)
+        if release is not None:
+            release()
         if self._meta.get("page_levels"):
             return self._page_nodes(ids)
         ids = list(ids)
@@ -529,6 +534,14 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
                 node = page[nid & _SLOT]
                 if node is not None:
                     out[nid] = node
+        if held is None:
+            # the pages themselves are let go here (the nodes out holds do not hold them):
+            # those the heap lent while this batch read them (see _nodes) go now
+            del values, pages
+            page = None
+            release = getattr(self._manager, "_release_loans", None)
+            if release is not None:
+                release()
         return out
 
     def _page(self, pid: int) -> list:
@@ -564,6 +577,12 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             return op(*args)
         finally:
             self._held = None
+            # pages the heap evicted while the operation held them were lent (the manager
+            # keeps a value someone holds: mlcache._loans); the changed ones were put back,
+            # the others are let go now rather than at the next flush
+            release = getattr(self._manager, "_release_loans", None)
+            if release is not None:
+                release()
 
     def insert_many(self, points: Iterable[Any]) -> int:
         return self._holding(super().insert_many, points)

@@ -302,7 +302,8 @@ def test_eviction_buffer_hit_on_a_value_in_pieces(redis_url):
     with CacheManager(config) as m:
         with m._wb.io_lock:                  # no write can run: evictions stay queued
             for i in range(3):
-                m.put(i, objs[i])            # the third evicts the first (dirty), in pieces
+                m.put(i, dict(objs[i]))      # the third evicts the first (dirty), in pieces
+                # (a copy: a value the caller still held would be lent, not read back)
             queued = m._wb.buffer.pending[0]
             assert [type(v) for v in queued.values()] == [Encoded]
             assert list(queued) == [m._kb(0)]
