@@ -9,32 +9,37 @@ should the cache.
 
 So a mutable victim that something outside the manager still references (its reference count
 says so: the manager's own references at that point are known and counted once at import) is
-*lent*: kept beside the heap with the digest of what was written for it. Until the key is put
-or deleted again:
+*lent*: kept beside the heap with what was written for it (see :func:`same_encoding`). Until
+the key is put or deleted again:
 
 * a read of the key takes the lent object back into the heap (the same object, as a dict
-  would give; its digest comes along, so a change made meanwhile is written like any other);
-* each flush (and a growing number of loans) compares every lent object with its digest,
-  writes the changed ones, and forgets those nobody references any more.
+  would give; what was written comes along as its digest, so a change made meanwhile is
+  written like any other);
+* each flush compares every lent object with what was written, writes the changed ones, and
+  forgets those nobody references any more.
 
 A victim nobody holds is not lent (the usual case: one reference count read per mutable
-victim). A value read from below that the heap did not admit (heavier than the heap, or
-declined by the policy) is lent at once: it is being returned, so it is held by definition,
-and the next check forgets it when the caller dropped it.
+victim), and neither is a value that a ``put_many`` evicted within the same call (the batch,
+and the caller's mapping, reference it; that is not the caller holding it). A value read from
+below that the heap did not admit (heavier than the heap, or declined by the policy) is lent
+at once: it is being returned, so it is held by definition.
 
 The memory is the caller's objects, alive anyway while held. Once dropped, an object waits for
-the next look, which a flush runs, and so does the loans' growth by a quarter of what is held
-(or by a slack: 1/64 of a bytes-bounded heap's budget in encoded bytes, at least 64 loans): a look reads each
-loan's reference count, and encodes (to write it if it changed while held) only the ones it
-forgets. A structure holding its pages through an operation (the quadtree) makes many loans that
-end with the operation; they are forgotten soon after, not kept to double the heap.
+the next look: every flush looks, and so does the loans' growth by a quarter of what was held
+at the last look (or by a slack: 1/64 of a bytes-bounded heap's budget in encoded bytes, or 64
+loans). That look reads each loan's reference count, and encodes only the ones it forgets (to
+write those changed while held). A structure that lets go of many at once looks right then
+(``CacheManager._release_loans``): the quadtree, after a batch read of pages larger than the
+heap and after an operation that held its pages.
 """
 from __future__ import annotations
 
 import sys
 from typing import Any
 
-__all__ = ["Loans", "VICTIM_REFS", "LOAN_REFS"]
+from .codec import Encoded
+
+__all__ = ["Loans", "VICTIM_REFS", "LOAN_REFS", "same_encoding"]
 
 _MIN_CHECK = 64
 
@@ -59,12 +64,28 @@ def _loan_refs() -> int:
     raise AssertionError   # pragma: no cover
 
 
+def same_encoding(stored: Any, raw: Any) -> bool:
+    """Whether ``raw`` (an object's encoding now, from ``encode_parts``) is what ``stored``
+    remembers of it: the encoding written (bytes, or an ``Encoded`` whose large pieces are the
+    object's own bytes objects, compared by identity first: a lent 1 MB value unchanged costs
+    no pass over its bytes) or its digest. A different split of the same bytes counts as a
+    change (one write too many, never one too few)."""
+    if type(stored) is int:
+        return hash(raw) == stored
+    if type(stored) is Encoded and type(raw) is Encoded:
+        a, b = stored.parts, raw.parts
+        return (len(a) == len(b) and stored.nbytes == raw.nbytes
+                and all(x is y or x == y for x, y in zip(a, b)))
+    return bool(stored == raw)
+
+
 VICTIM_REFS = _victim_refs()
 LOAN_REFS = _loan_refs()
 
 
 class Loans(dict):
-    """``kb -> (object, digest of its last written encoding, its length)``; the manager's lock
+    """``kb -> (object, its last written encoding or that encoding's digest, its length)``
+    (see :func:`same_encoding`); the manager's lock
     held for every use. A loan leaves by :meth:`pop` (or :meth:`clear`), which keep
     ``nbytes``, the encoded size of what is lent, up to date.
 
@@ -83,7 +104,7 @@ class Loans(dict):
         self.bytes_at = slack
         self.lent_since = 0   # loans made since the last look
 
-    def lend(self, kb: bytes, loan: tuple[Any, int, int]) -> bool:
+    def lend(self, kb: bytes, loan: tuple[Any, Any, int]) -> bool:
         """Add (or replace) a loan; whether it is time to look for forgotten ones."""
         old = super().get(kb)
         if old is not None:

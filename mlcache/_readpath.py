@@ -627,7 +627,7 @@ class ReadPath:
                     # but it is being returned: lent, so a change to it is still written
                     self._digests.pop(kb, None)
                     if track and type(value) not in immutable:
-                        self._lend(kb, value, hash(raw), n)
+                        self._lend(kb, value, raw, n)
                     declined.append(kb)
                     victims = [v for v in victims if v[0] != kb]
                     self._cold.stats.levels["heap"].evictions["not_admitted"] += 1
@@ -686,14 +686,14 @@ class ReadPath:
                 gone = set(refused)
                 for kb, value, raw in zip(kbs, values, raws):
                     if kb in gone and type(value) not in IMMUTABLE:
-                        self._lend(kb, value, hash(raw), len(raw))
+                        self._lend(kb, value, raw, len(raw))
             self._cold.stats.levels["heap"].evictions["not_admitted"] += len(refused)
         if victims:
             self._handle_victims(victims)
 
-    def _readmit(self, kb: bytes, loan: tuple[Any, int, int], ts: float | None) -> Any:
-        """Lock held: take a lent object back into the heap, clean, with the digest of what
-        was last written for it (so a change made while it was out is written like any other);
+    def _readmit(self, kb: bytes, loan: tuple[Any, Any, int], ts: float | None) -> Any:
+        """Lock held: take a lent object back into the heap, clean, with what was last written
+        for it as its digest (so a change made while it was out is written like any other);
         the object itself, as a dict would return it (see mlcache._loans)."""
         value, stored, n = loan
         heap = self._heap
@@ -703,7 +703,10 @@ class ReadPath:
             self._cold.loans.lend(kb, loan)   # not admitted again: still lent
             victims = [v for v in victims if v[0] != kb]
         else:
-            self._digests[kb] = stored
+            if type(stored) is int:
+                self._digests[kb] = stored
+            else:
+                self._digests.remember(kb, stored)   # (kept within its budget, or hashed)
             self._handed.add(kb)
         if victims:
             self._handle_victims(victims)
@@ -733,7 +736,7 @@ class ReadPath:
                 # mark; but it is being returned: lent, so a change to it is still written
                 self._digests.pop(kb, None)
                 if self._track and type(value) not in IMMUTABLE:
-                    self._lend(kb, value, hash(raw), len(raw))
+                    self._lend(kb, value, raw, len(raw))
                 admitted = False
                 victims = [v for v in victims if v[0] != kb]
                 self._cold.stats.levels["heap"].evictions["not_admitted"] += 1

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from sys import getrefcount
 from typing import Any
 
-from ._loans import LOAN_REFS, VICTIM_REFS
-from ._readpath import IMMUTABLE, Digests, digest as digest_of, event_time, same_bytes
+from ._loans import LOAN_REFS, VICTIM_REFS, same_encoding
+from ._readpath import IMMUTABLE, Digests, event_time, same_bytes
 from .errors import CacheError, SerializationError
 
 __all__ = ["WritePath"]
@@ -239,8 +239,7 @@ class WritePath:
                 if same_bytes(digest, raw):
                     heap_st.evictions["clean"] += 1
                     if getrefcount(value) > VICTIM_REFS:   # still held: see mlcache._loans
-                        self._lend(kb, value, digest if type(digest) is int else hash(raw),
-                                   len(raw))
+                        self._lend(kb, value, digest, len(raw))
                     continue
                 self._cold.stats.writeback["mutations_detected"] += 1
             else:
@@ -259,11 +258,12 @@ class WritePath:
             self._wb.enqueue(kb, raw)
             if track and type(value) not in IMMUTABLE and getrefcount(value) > VICTIM_REFS \
                     and (fresh is None or kb not in fresh):
-                self._lend(kb, value, hash(raw), len(raw))
+                self._lend(kb, value, raw, len(raw))
 
-    def _lend(self, kb: bytes, value: Any, stored: int, n: int) -> None:
+    def _lend(self, kb: bytes, value: Any, stored: Any, n: int) -> None:
         """Lock held: ``value`` left the heap (or was not admitted) while someone holds it;
-        ``stored``: the digest of its encoding as written (``n`` bytes). See mlcache._loans."""
+        ``stored``: its encoding as written (``n`` bytes), or that encoding's digest. See
+        mlcache._loans."""
         if self._cold.loans.lend(kb, (value, stored, n)):
             self._check_loans(held_too=False)
 
@@ -287,16 +287,16 @@ class WritePath:
             if not (dead or forget or held_too):
                 continue
             try:
-                raw = codec.encode(obj)
+                raw = codec.encode_parts(obj)   # (large bytes stay the object's own)
             except SerializationError as exc:
                 loans.pop(kb)
                 self._pin(kb, obj, exc)   # back in the heap, its error raised by the flush
                 continue
             stored = loan[1]
-            if digest_of(raw) != stored:
+            if not same_encoding(stored, raw):
                 wb.enqueue(kb, raw)
                 self._cold.stats.writeback["mutations_detected"] += 1
-                stored = digest_of(raw)
+                stored = raw
             if dead or forget:
                 loans.pop(kb)
             else:

@@ -53,6 +53,13 @@ def make_machine(build, *, durable: bool, lossy_heap: bool = False):
             self.config = build(self.tmp, "s" + uuid.uuid4().hex[:10])
             self.m = CacheManager(self.config)
             self.model: dict = {}
+            # values taken with get and kept: [key, object, still the key's value?]
+            self.held: list = []
+
+        def _replaced(self, key) -> None:
+            for h in self.held:
+                if h[0] == key:
+                    h[2] = False   # put or deleted since: no longer the key's value
 
         def teardown(self) -> None:
             try:
@@ -87,12 +94,14 @@ def make_machine(build, *, durable: bool, lossy_heap: bool = False):
         def put(self, key, value):
             self.m.put(key, value)
             self.model[_norm(key)] = copy.deepcopy(value)
+            self._replaced(_norm(key))
 
         @rule(items=st.lists(st.tuples(KEYS, VALUES), max_size=4))
         def put_many(self, items):
             self.m.put_many(items)
             for key, value in items:
                 self.model[_norm(key)] = copy.deepcopy(value)
+                self._replaced(_norm(key))
 
         @rule(key=KEYS)
         def get(self, key):
@@ -108,12 +117,14 @@ def make_machine(build, *, durable: bool, lossy_heap: bool = False):
         def delete(self, key):
             self.m.delete(key)
             self.model.pop(_norm(key), None)
+            self._replaced(_norm(key))
 
         @rule(keys=st.lists(KEYS, max_size=2))
         def delete_many(self, keys):
             self.m.delete_many(keys)
             for key in keys:
                 self.model.pop(_norm(key), None)
+                self._replaced(_norm(key))
 
         @rule(key=KEYS, item=st.integers(0, 50))
         def mutate_in_place(self, key, item):
@@ -130,6 +141,47 @@ def make_machine(build, *, durable: bool, lossy_heap: bool = False):
             for other in others:
                 self.get(other)
             self.get(key)
+
+        @precondition(lambda self: not lossy_heap)
+        @rule(key=KEYS)
+        def hold(self, key):
+            """Keep the value get returned, as a caller holding it across other calls does."""
+            value = self.m.get(key, _ABSENT)
+            self._check(key, value)
+            if isinstance(value, list) and len(self.held) < 4:
+                self.held.append([_norm(key), value, True])
+
+        @precondition(lambda self: self.held)
+        @rule(i=st.integers(0, 3), item=st.integers(0, 50))
+        def change_held(self, i, item):
+            """Change a held value in place, however long ago it was taken (evicted since, or
+            not): while no put or delete replaced it, it is still the key's value, as with a
+            dict; after that, the change concerns nobody."""
+            key, value, live = self.held[i % len(self.held)]
+            value.append(item)
+            if live:
+                self.model[key] = copy.deepcopy(value)
+                got = self.m.get(key, _ABSENT)
+                assert got is value, (key, got, value)
+            self._check(key, self.m.get(key, _ABSENT))
+
+        @precondition(lambda self: not lossy_heap)
+        @rule(key=KEYS, item=st.integers(0, 50), others=st.lists(KEYS, min_size=2, max_size=5))
+        def hold_churn_then_change(self, key, item, others):
+            """Take a value, read other keys (likely evicting it), then change it in place."""
+            value = self.m.get(key, _ABSENT)
+            self._check(key, value)
+            for other in others:
+                self.get(other)
+            if isinstance(value, list):
+                value.append(item)
+                self.model[_norm(key)] = copy.deepcopy(value)
+                assert self.m.get(key, _ABSENT) is value
+
+        @precondition(lambda self: self.held)
+        @rule(i=st.integers(0, 3))
+        def let_go(self, i):
+            del self.held[i % len(self.held)]
 
         @rule(key=KEYS)
         def contains(self, key):
@@ -178,6 +230,8 @@ def make_machine(build, *, durable: bool, lossy_heap: bool = False):
         def close_and_reopen(self):
             self.m.close()
             self.m = CacheManager(self.config)
+            for h in self.held:
+                h[2] = False   # the old manager's objects, not the new one's values
             if lossy_heap:
                 self.model.clear()
 
