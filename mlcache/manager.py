@@ -750,6 +750,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
             if self._heap is not None:
                 heap_extra.update(entries=len(self._heap), dirty=len(self._heap.dirty),
                                   pinned=len(self._heap.pinned),
+                                  lent=len(self._cold.loans),   # see mlcache._loans
                                   policy=self._heap.policy.name)
                 if self._heap.by_bytes:
                     heap_extra["bytes"] = self._heap.tracked_weight

@@ -250,3 +250,15 @@ def test_a_lent_large_value_is_compared_without_a_pass_over_its_bytes(tmp_path, 
         assert m.stats()["levels"]["redis"]["keys_written"] == written + 1
     with CacheManager(config) as again:
         assert again.get(0)["n"] == 1
+
+
+def test_stats_count_the_values_lent(tmp_path, redis_url):
+    config = _config(tmp_path, redis_url, "lru", "disk")
+    with CacheManager(config) as m:
+        m.put("k", [1])
+        held = m.get("k")
+        _evict(m, "k")
+        assert m.stats()["levels"]["heap"]["lent"] == 1
+        del held
+        m.flush()
+        assert m.stats()["levels"]["heap"]["lent"] == 0
