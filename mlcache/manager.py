@@ -490,11 +490,13 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         return forgotten + len(drop)
 
     def _release_loans(self) -> None:
-        """Forget the lent values nobody holds any more (writing the ones changed while held),
-        if any were lent since the last look: for a caller that just let go of many at once
-        (a quadtree's pages read in a batch larger than the heap, or held by an operation)."""
+        """Forget the lent values nobody holds any more (writing the ones changed while held):
+        for a caller that just let go of many at once (a quadtree's pages read in a batch
+        larger than the heap, or held by an operation). It looks when something was lent
+        since the last look, or when few are lent (a look over them costs little): a look
+        the loans' growth triggered in the middle of the batch found its pages still held."""
         loans = self._cold.loans
-        if loans.lent_since:
+        if loans and (loans.lent_since or len(loans) <= 256):
             with self._lock:
                 self._check_loans(held_too=False)
 
