@@ -99,7 +99,7 @@ class WritePath:
                     self._apply_reads()
                 wb = self._wb
                 pin_errors = cold.pin_errors
-                loans = self._cold.loans
+                loans = cold.loans
                 if check_room:   # the victims' queue, its bounds (a cheap test per victim)
                     queued, most, most_bytes = (wb.buffer.pending[0], wb.buffer_max,
                                                 wb.buffer_bytes_max or sys.maxsize)

@@ -425,13 +425,11 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             return [prefix + _id_key(nid) for nid in ids]
 
     def _nodes(self, ids: Iterable[int]) -> dict[int, list]:
-        # the nodes or pages the previous read returned (a batch larger than the heap evicts
-        # its own first values, lent while they were being returned) are let go by now
-        release = getattr(self._manager, "_release_loans", None)
-        if release is not None:
-            release()
         if self._meta.get("page_levels"):
-            return self._page_nodes(ids)
+            return self._page_nodes(ids)   # (which lets its pages go itself)
+        # the nodes the previous read returned (a batch larger than the heap evicts its own
+        # first values, lent while they were being returned) are let go by now
+        self._manager._release_loans()
         ids = list(ids)
         values = self._manager._get_kbs(self._kbs(ids))
         out = dict(zip(ids, values))
@@ -539,9 +537,7 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             # those the heap lent while this batch read them (see _nodes) go now
             del values, pages
             page = None
-            release = getattr(self._manager, "_release_loans", None)
-            if release is not None:
-                release()
+            self._manager._release_loans()
         return out
 
     def _page(self, pid: int) -> list:
@@ -580,9 +576,7 @@ class CacheableQuadtree(_QuadtreeOps, Cacheable):
             # pages the heap evicted while the operation held them were lent (the manager
             # keeps a value someone holds: mlcache._loans); the changed ones were put back,
             # the others are let go now rather than at the next flush
-            release = getattr(self._manager, "_release_loans", None)
-            if release is not None:
-                release()
+            self._manager._release_loans()
 
     def insert_many(self, points: Iterable[Any]) -> int:
         return self._holding(super().insert_many, points)
