@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._hints import HintBuffer
+from .errors import CacheError, LevelUnavailableError
 
 if TYPE_CHECKING:
     from .prefetch import Prefetcher
@@ -40,6 +41,9 @@ _FAILED_MAX = 65536
 _SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
 _INLINE_WAIT_SHARE = 0.5  # inline batches' waits above this share of the loop -> threads
 _PROBE_EVERY = 64       # thread batches between two inline batches that re-measure the cost
+# keys per split read at most: its reply is taken and staged between two records, so a batch
+# is what one record can carry (~1.5 us a key) -- the round trip itself waits for nobody
+_SPLIT_BATCH = 16
 
 
 class BatchReads:
@@ -65,6 +69,11 @@ class BatchReads:
     _staged_later: dict[bytes, float]
     _thread_batches: int
     _fetch_staged: Callable[[Any, list[tuple[bytes, float, float]], float], None]
+    _reading: "_SplitRead | None"
+    _claim: Callable[..., tuple[list[bytes], list[bytes], int]]
+    _stage: Callable[..., int]
+    _staged_done: Callable[..., None]
+    _install_loaded: Callable[[Any, dict, dict], None]
 
     # -- fetch threads ----------------------------------------------------------------------
 
@@ -259,16 +268,19 @@ class BatchReads:
         if probe and (self._thread_batches < _PROBE_EVERY or buf.inflight
                       or self._cold.config.fetch_mode != "auto"):
             return False     # a probe waits until the fetch threads are between batches
-        if len(buf.pending) < threshold or self._closed:
-            return False
+        if len(buf.pending) < threshold or self._closed or self._reading is not None:
+            return False     # (one split read at a time: the next batch waits for its reply)
         lateness = self._cold.config.lateness or 0.0
         with self._lock:
-            batch, late = buf.take(self._cold.config.batch_size, self.watermark - lateness, head)
+            size = self._cold.config.batch_size
+            if not probe and self._splits():
+                size = min(size, _SPLIT_BATCH)
+            batch, late = buf.take(size, self.watermark - lateness, head)
             self.counters["dropped_late"] += late
             self._thread_batches = 0
             self._cold._probing = probe  # threads take no batch meanwhile: the measure stays clean
         try:
-            if batch:
+            if batch and (probe or not self._start_split(batch)):
                 self._fetch(batch, inline=True)
         finally:
             if probe:
@@ -276,6 +288,124 @@ class BatchReads:
                     self._cold._probing = False
                     self._cond.notify_all()
         return bool(batch)
+
+    # -- split reads: sent between two records, their replies taken between later ones ----
+
+    def _start_split(self, batch: list[tuple[bytes, float, float]]) -> bool:
+        """Operator thread: read ``batch`` as a split read if the top level can split its
+        reads (``start_get_many``): the request is sent now, the reply taken by
+        :meth:`poll_read` between later records, and the values staged, installed a few per
+        record (:meth:`install`). The round trip then overlaps the records processed
+        meanwhile, and no record waits for a whole batch: a blocking inline batch put its
+        round trip, parsing, decoding and inserts into one record's latency (the keyed
+        variant's p999). False when the level cannot: the caller reads the batch inline.
+
+        The keys are not registered as loading: a record whose key is still being read waits
+        for this reply (:meth:`poll_read` with ``block``, from the operator), and a get from
+        elsewhere reads the key itself; what this read then finds resident is dropped, and a
+        write since the request was sent is caught by the write sequence, as for any staged
+        read."""
+        m = self._mref()
+        if m is None or not self._splits():
+            return False
+        lock = self._cold._read_lock
+        if not lock.acquire(False):
+            return False     # another operator's thread is taking the read out: read inline
+        try:
+            if self._reading is not None:
+                return False
+            return self._send_split(m, batch)
+        finally:
+            lock.release()
+
+    def _send_split(self, m: Any, batch: list[tuple[bytes, float, float]]) -> bool:
+        """:meth:`_start_split` with the read lock held."""
+        keys = [kb for kb, _, _ in batch]
+        t_start = time.perf_counter()
+        # The operator chose when to read: latency and slack count from the read's start, as
+        # for inline batches (else the depth controller sees a latency growing with the depth)
+        meta = {kb: (ts, t_start) for kb, ts, _ in batch}
+        staged = 0
+        error: BaseException | None = None
+        try:
+            rescue, mine, seq = self._claim(m, keys, meta)
+            if rescue:
+                self._install_loaded(m, m._load_into_heap(rescue, None, prefetch=True), meta)
+            if mine:
+                pending = m._levels[0].start_get_many(mine)
+                if pending is not None:
+                    self._reading = _SplitRead(pending, keys, mine, meta, seq, t_start)
+                    return True
+                found, timings = m._read_levels(mine)    # more keys than one request takes
+                staged = self._stage(m, mine, meta, found, timings, seq)
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:    # KeyboardInterrupt: the caller's, after the cleanup
+            self._staged_done(m, keys, 0, exc, t_start, inline=True)
+            raise
+        self._staged_done(m, keys, staged, error, t_start, inline=True)
+        return True
+
+    def _splits(self) -> bool:
+        """Whether the operator's batches are split reads: read inline, from a top level
+        that splits its reads."""
+        cold = self._cold
+        if cold._split is None:
+            m = self._mref()
+            levels = m._levels if m is not None else ()
+            cold._split = bool(levels) and bool(getattr(levels[0], "splits_reads", False))
+        return cold._split and self.inline
+
+    def poll_read(self, block: bool = False) -> bool:
+        """Operator thread, between records: take the reply of the outstanding split read if
+        it has arrived (``block``: wait for it, because the record about to be handed over
+        needs one of its keys), read the keys the top level lacks from the levels below, and
+        stage the values. A failed read is counted as a failed batch: its records fetch their
+        keys themselves (the lookahead operator's recovery). Returns whether the read ended
+        (its reply taken, or failed)."""
+        r = self._reading
+        if r is None or not self._cold._read_lock.acquire(False):
+            return False
+        try:
+            if self._reading is not r:
+                return False
+            m = self._mref()
+            error: BaseException | None = None
+            staged = 0
+            try:
+                values = r.pending.wait() if block else r.pending.poll()
+                if values is None:
+                    return False
+                self._reading = None
+                if m is not None:
+                    first = (values, time.perf_counter() - r.t_start)
+                    found, timings = m._read_levels(r.mine, first=first)
+                    staged = self._stage(m, r.mine, r.meta, found, timings, r.seq)
+            except Exception as exc:
+                self._reading = None
+                error = exc
+                if m is not None and m._levels and not isinstance(exc, CacheError):
+                    level = m._levels[0]
+                    error = LevelUnavailableError(
+                        f"{level.name} level: a prefetch read failed: {exc}", level=level.name)
+                    error.__cause__ = exc
+            except BaseException as exc:
+                self._reading = None
+                r.pending.cancel()
+                self._staged_done(m, r.keys, 0, exc, r.t_start, inline=True)
+                raise
+            self.counters["split_reads"] += 1
+            self._staged_done(m, r.keys, staged, error, r.t_start, inline=True)
+            return True
+        finally:
+            self._cold._read_lock.release()
+
+    def _drop_read(self) -> None:
+        """Give up the outstanding split read (closing, or after a fork: the parent's)."""
+        r = self._reading
+        self._reading = None
+        if r is not None and self._cold._pid == os.getpid():
+            r.pending.cancel()
 
     def _measure_inline(self, start: float, end: float, cpu0: float, cpu1: float) -> None:
         """Choose where batches are read from what inline batches cost.
@@ -334,6 +464,22 @@ class BatchReads:
             if not inline:
                 with self._cond:
                     self._cond.notify_all()
+
+
+class _SplitRead:
+    """A split read in flight (see ``BatchReads._start_split``)."""
+
+    __slots__ = ("pending", "keys", "mine", "wanted", "meta", "seq", "t_start")
+
+    def __init__(self, pending: Any, keys: list[bytes], mine: list[bytes],
+                 meta: dict[bytes, tuple[float, float]], seq: int, t_start: float) -> None:
+        self.pending = pending            # the level's PendingValues
+        self.keys = keys                  # the batch's keys (in flight until the reply)
+        self.mine = mine                  # those read
+        self.wanted = set(mine)
+        self.meta = meta
+        self.seq = seq                    # the write sequence when the request was sent
+        self.t_start = t_start
 
 
 def _fetch_loop(pref: weakref.ref[Prefetcher]) -> None:

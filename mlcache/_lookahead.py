@@ -28,7 +28,11 @@ Between two records the operator also does the prefetcher's GIL-bound work on it
 hits to the policy, and -- when batches are read inline -- reads one once ``batch_size`` keys are
 queued or half the depth was read since the last one (at once when the input is exhausted),
 never including the key of the record it is about to hand over: that record's own wait stays in
-its own get. Inline, latency and slack are measured from the start of the read (the operator
+its own get. With split reads (an unbounded Redis on top) a batch is sent in one record and its
+reply taken in a later one; a record whose key is in the read still out waits for that reply.
+The records are read ahead 8 at a time, and a record does at most one of the heavier tasks
+(taking a reply, installing, sending a batch, reading ahead): the slowest records are the
+operator's tail latency, and the median record carries none of them. Inline, latency and slack are measured from the start of the read (the operator
 chose when to read), and the depth is kept at two batches' worth of records at least, so that
 batches can fill.
 """
@@ -41,6 +45,7 @@ import sys
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
+from ._batchreads import _SPLIT_BATCH
 from .errors import CacheError, IntegrityError, LevelUnavailableError
 
 __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
@@ -48,9 +53,13 @@ __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
 # staged reads installed per record handed over: more than the keys a record can add, so the
 # stage drains as fast as the fetch threads fill it
 _INSTALL_PER_RECORD = 8
+# the same with split reads (their batches are small and come in use order)
+_INSTALL_SPLIT = 2
 # buffered heap hits replayed to the policy by the operator between records (the manager
 # replays them itself at 64, inside a get)
 _REPLAY_AT = 16
+# records read ahead at a time, once the read-ahead falls below the depth
+_READ_CHUNK = 8
 
 
 def _bad_ts(t: Any) -> bool:
@@ -237,9 +246,15 @@ class Lookahead(Iterator[Any]):
         self._warmup = self.depth + 1
         self._exhausted = False
         self.records = 0
+        # staged reads installed per record: split reads come a few keys at a time and each
+        # install (decode, insert, the victim it evicts) costs ~15 us on the record it lands in
+        self._install = _INSTALL_PER_RECORD
         if self._pf is not None:
             self._pf.depth = self.depth
-            self._pf.attach(self)
+            if self._pf.attach(self):
+                self._install = _INSTALL_SPLIT
+                self._batch = min(self._batch, _SPLIT_BATCH)
+                self._full = min(self._batch, self._every)
 
     def __iter__(self) -> "Lookahead":
         return self
@@ -310,16 +325,22 @@ class Lookahead(Iterator[Any]):
             # record from another thread), and read a batch here when that is where the
             # prefetcher reads them (see Prefetcher.pump).
             m = self._m
+            # At most one of the heavier tasks per record (taking a split read's reply,
+            # installing staged reads, sending a batch, reading a chunk ahead: each ~30-60 us
+            # here), so that no record carries several: the slowest records are the keyed
+            # path's tail latency. Each has slack (the read-ahead is deep), and together they
+            # run in well under half the records, so the median record carries none.
+            busy = pf._reading is not None and pf.poll_read()
             if len(m._reads_ts) + len(m._reads) >= _REPLAY_AT:
                 # the heap hits of the records handed over so far reach the policy here,
                 # between records, rather than inside the get of whichever record fills the
                 # manager's read buffer (64 policy updates: tens of microseconds)
                 with m._lock:
                     m._apply_reads()
-            if pf._staged:
-                pf.install(_INSTALL_PER_RECORD)
+            if pf._staged and not busy:
+                busy = pf.install(self._install) > 0 or busy
             pending = len(pf._buffer.pending)
-            if pending:
+            if pending and not busy:
                 # a full batch, or whatever waits once half the read-ahead was read since
                 # the last batch: no key waits for its batch longer than that, so every key
                 # is read at least half the depth before its record
@@ -329,9 +350,18 @@ class Lookahead(Iterator[Any]):
                 if (due or pending >= full) and pf.pump(q[0][1] if q else None,
                                                         1 if due else full):
                     self._pumped = self._index
-        want = self.depth + 1
-        while len(q) < want and not self._exhausted:
-            self._read()
+                    busy = True
+        else:
+            busy = False
+        if (len(q) <= self.depth and not self._exhausted
+                and (not busy or len(q) < max(1, self.depth - _READ_CHUNK))):
+            # Read ahead in chunks: one record in _READ_CHUNK pays for the reading and hinting
+            # of _READ_CHUNK later ones, the others none (the total is the same; the median
+            # record no longer carries a read-ahead it does not need yet).
+            want = self.depth + _READ_CHUNK
+            read = self._read
+            while len(q) < want and not self._exhausted:
+                read()
         if not q:
             if pf is not None:
                 pf.detach(self)
@@ -355,6 +385,9 @@ class Lookahead(Iterator[Any]):
         pf = self._pf
         if pf is None:
             return rec
+        r = pf._reading
+        if r is not None and kb in r.wanted:
+            pf.poll_read(block=True)    # this record's key is in the read on its way: wait
         slack = pf.note_use(kb, t)
         if pf._failed:
             self._recover(kb, i)
@@ -368,7 +401,7 @@ class Lookahead(Iterator[Any]):
             cap = self._max_waiting or max(64, len(getattr(self._m, "_data", ())) // 2)
             # Read inline, a batch is cheap only when full: keep room for one to fill while
             # the one before is used (two batches' worth of records), the memory cap allowing.
-            ctl.min_depth = min(2 * pf._cold.config.batch_size, max(4, cap)) if pf.inline else 4
+            ctl.min_depth = min(2 * self._batch, max(4, cap)) if pf.inline else 4
             ctl.update(pf._cold.fetch_latency.recent(256), not pf.saturated and held < cap)
             if held:
                 # held keys grow about linearly with the records read ahead: stay where they

@@ -430,10 +430,13 @@ class ReadPath:
             level=names[i], key=key)
 
     def _read_levels(self, keys: list[bytes], origin: dict[bytes, str] | None = None,
-                     lost: list[tuple[int, bytes]] | None = None
+                     lost: list[tuple[int, bytes]] | None = None,
+                     first: tuple[list[bytes | None], float] | None = None
                      ) -> tuple[dict[bytes, bytes], list[tuple]]:
         """First level holding each key answers; a level's buffer is consulted just above it.
         ``origin`` (when given) receives the name of the level each found key came from.
+        ``first``: the top level's answer for ``keys`` and its time, read already (a
+        prefetch's split read, see :meth:`Prefetcher.poll_read`); the levels below are read.
         A key an unbounded level above the last misses although it holds the key newer than
         the level below (``WriteBack.newer``) is not read below (that copy is older): it
         is left out of the result and added to ``lost`` (when given) as ``(level, key)``,
@@ -464,12 +467,15 @@ class ReadPath:
                     break
             t0 = time.perf_counter()
             try:
-                values = level.get_many(remaining)
+                if i == 0 and first is not None:
+                    values, elapsed = first
+                else:
+                    values = level.get_many(remaining)
+                    elapsed = time.perf_counter() - t0
             except IntegrityError as exc:
                 if isinstance(exc.key, bytes):  # a level names the stored key: give the user's
                     exc.key = self._describe_key(exc.key)
                 raise
-            elapsed = time.perf_counter() - t0
             before = len(found)
             # batch-level comprehensions, not a Python loop with a branch per key
             if None in values:

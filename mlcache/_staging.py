@@ -20,6 +20,7 @@ changed under another process.
 from __future__ import annotations
 
 import heapq
+from itertools import islice
 import threading
 import time
 from collections.abc import Callable
@@ -56,14 +57,22 @@ class StagedReads:
     _thread_idle: Callable[[], bool]
     _finish: Callable[[list[bytes]], list[tuple[bytes, float]]]
     _hint_later: Callable[[Any, list[tuple[bytes, float]]], None]
+    _reading: Any
+    inline: bool
+    poll_read: Callable[..., None]
+    _splits: Callable[[], bool]
 
-    def attach(self, operator: Any) -> None:
-        """A lookahead operator will install staged reads and may read batches itself."""
+    def attach(self, operator: Any) -> bool:
+        """A lookahead operator will install staged reads and may read batches itself.
+        Returns whether its batches are split reads (see ``BatchReads._start_split``)."""
         with self._cond:
             self._cold._consumers.add(operator)
+        return self._splits()
 
     def detach(self, operator: Any) -> None:
         """The operator is done; with no operator left, staged reads have nobody to wait for."""
+        if self._reading is not None and len(self._cold._consumers) <= 1:
+            self.poll_read(block=True)   # its reply is on its way: take it, in step
         with self._cond:
             self._cold._consumers.discard(operator)
             if self._cold._consumers:
@@ -82,81 +91,108 @@ class StagedReads:
         keys = [kb for kb, _, _ in batch]
         meta = {kb: (ts, t0) for kb, ts, t0 in batch}
         error: BaseException | None = None
-        rescue: list[bytes] = []
-        mine: list[bytes] = []
-        late: list[tuple[bytes, bytes, float, float, int]] = []
         staged = 0
-        load = None
         try:
-            with m._lock:
-                m._check_open()
-                data, wb, loading = m._data, m._wb, m._cold.loading
-                tomb = wb.tombstones
-                queued = wb.buffer.pending[0] if wb.levels else None
-                for kb in keys:
-                    if kb in data:
-                        if self._policy_hints:
-                            m._policy_hint(kb, meta[kb][0])
-                    elif kb in tomb or kb in loading or kb in self._staged:
-                        continue        # deleted, being read by someone else, or read already
-                    elif queued and kb in queued:
-                        rescue.append(kb)
-                    else:
-                        mine.append(kb)
-                if mine:
-                    load = _Load()
-                    loading.update(dict.fromkeys(mine, load))
-                    seq = wb.wseq
+            load = _Load()
+            rescue, mine, seq = self._claim(m, keys, meta, load)
             if rescue:
                 # in the eviction buffer: back into the heap without I/O (as a demand get would)
                 self._install_loaded(m, m._load_into_heap(rescue, None, prefetch=True), meta)
             if mine:
                 try:
                     found, timings = m._read_levels(mine)
-                    good: dict[bytes, bytes] = {}
-                    with m._lock:
-                        m._count_reads(timings, len(found))
-                        data, wb = m._data, m._wb
-                        tomb = wb.tombstones
-                        queued = wb.buffer.pending[0] if wb.levels else None
-                        now_seq = wb.wseq
-                        moved = () if now_seq == seq and not seq & 1 else wb.moved_since(seq)
-                        if moved is not None:
-                            for kb in mine:
-                                raw = found.get(kb)
-                                # a key written, deleted or moved while we read keeps that
-                                # state; the record's own get reads it
-                                if (raw is None or kb in moved or kb in data or kb in tomb
-                                        or (queued and kb in queued)):
-                                    continue
-                                good[kb] = raw
-                    with self._lock:
-                        used = self._used_inflight
-                        st_d = self._staged
-                        for kb, raw in good.items():
-                            ts, t0 = meta[kb]
-                            if kb in used:
-                                late.append((kb, raw, ts, t0, now_seq))  # its get waits: now
-                            else:
-                                st_d[kb] = (raw, ts, t0, now_seq)
-                                self._staged_bytes += len(raw)
-                                staged += 1
-                    if late:
-                        self._install_entries(m, late, used=True)
+                    staged = self._stage(m, mine, meta, found, timings, seq)
                 finally:
+                    loading = m._cold.loading
                     with m._lock:
                         for kb in mine:
                             if loading.get(kb) is load:
                                 del loading[kb]
-                    if load is not None:
-                        load.done.set()
+                    load.done.set()
         except BaseException as exc:  # a backend failure must not kill the fetch thread
             error = exc
+        self._staged_done(m, keys, staged, error, t_start)
+
+    def _claim(self, m: Any, keys: list[bytes], meta: dict[bytes, tuple[float, float]],
+               load: Any = None) -> tuple[list[bytes], list[bytes], int]:
+        """Sort a batch's keys before reading them: resident ones are only hinted; deleted,
+        staged or already loading ones are left; those in the eviction buffer are returned to
+        be rescued without I/O, the rest to be read (registered as loading by ``load`` when
+        given, so a demand get waits for this read), with the write sequence to check them
+        against once read."""
+        rescue: list[bytes] = []
+        mine: list[bytes] = []
+        with m._lock:
+            m._check_open()
+            data, wb, loading = m._data, m._wb, m._cold.loading
+            tomb = wb.tombstones
+            queued = wb.buffer.pending[0] if wb.levels else None
+            for kb in keys:
+                if kb in data:
+                    if self._policy_hints:
+                        m._policy_hint(kb, meta[kb][0])
+                elif kb in tomb or kb in loading or kb in self._staged:
+                    continue        # deleted, being read by someone else, or read already
+                elif queued and kb in queued:
+                    rescue.append(kb)
+                else:
+                    mine.append(kb)
+            if mine and load is not None:
+                loading.update(dict.fromkeys(mine, load))
+            seq = wb.wseq
+        return rescue, mine, seq
+
+    def _stage(self, m: Any, mine: list[bytes], meta: dict[bytes, tuple[float, float]],
+               found: dict[bytes, bytes], timings: list[tuple], seq: int) -> int:
+        """Stage the raw bytes read for ``mine`` that are still exact (not written, deleted or
+        moved since ``seq``); a key whose record already waits is installed at once. Returns
+        the number staged."""
+        good: dict[bytes, bytes] = {}
+        late: list[tuple[bytes, bytes, float, float, int]] = []
+        staged = 0
+        with m._lock:
+            m._count_reads(timings, len(found))
+            data, wb = m._data, m._wb
+            tomb = wb.tombstones
+            queued = wb.buffer.pending[0] if wb.levels else None
+            now_seq = wb.wseq
+            moved = () if now_seq == seq and not seq & 1 else wb.moved_since(seq)
+            if moved is not None:
+                for kb in mine:
+                    raw = found.get(kb)
+                    # a key written, deleted or moved while we read keeps that state; the
+                    # record's own get reads it
+                    if (raw is None or kb in moved or kb in data or kb in tomb
+                            or (queued and kb in queued)):
+                        continue
+                    good[kb] = raw
+        with self._lock:
+            used = self._used_inflight
+            st_d = self._staged
+            for kb, raw in good.items():
+                ts, t0 = meta[kb]
+                if kb in used:
+                    late.append((kb, raw, ts, t0, now_seq))  # its get waits: now
+                else:
+                    st_d[kb] = (raw, ts, t0, now_seq)
+                    self._staged_bytes += len(raw)
+                    staged += 1
+        if late:
+            self._install_entries(m, late, used=True)
+        return staged
+
+    def _staged_done(self, m: Any, keys: list[bytes], staged: int,
+                     error: BaseException | None, t_start: float, inline: bool = False) -> None:
+        """A staged batch is over: its statistics, its failure (the operator demand-fetches
+        the keys of a failed batch), its keys out of flight."""
         now = time.perf_counter()
         with self._lock:
             self.counters["batches"] += 1
+            if inline:
+                self.counters["inline_batches"] += 1
+            else:
+                self._thread_batches += 1
             self.counters["staged"] += staged
-            self._thread_batches += 1
             self._cold.batch_latency.add(now - t_start)
             if error is not None:
                 self.counters["failures"] += 1
@@ -202,6 +238,10 @@ class StagedReads:
             full = self._thread_idle()
             if len(staged) <= limit:
                 chosen = list(staged)
+            elif self._cold._split and self.inline:
+                # staged by the operator's own split reads only, each batch taken oldest
+                # first: the dict's order is the order of use
+                chosen = list(islice(staged, limit))
             else:
                 chosen = heapq.nsmallest(limit, staged, key=lambda kb: staged[kb][1])
             items = []

@@ -39,7 +39,7 @@ _MAX_BUCKET = 26
 # Prefetch figures that only ever grow (counters); other numeric ones are gauges.
 _PREFETCH_COUNTERS = ("hints", "sent", "resident", "dropped_hot", "dropped_late", "prefetched",
                       "useful", "wasted", "late", "failures", "batches", "keys_loaded",
-                      "inline_batches", "staged", "staged_dropped")
+                      "inline_batches", "staged", "staged_dropped", "split_reads")
 
 
 def _num(v: Any) -> float | None:

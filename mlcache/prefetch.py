@@ -19,8 +19,12 @@ checks residency itself and calls ``submit`` for absent keys)::
          │ up to batch_size keys per batch, one MGET / pipeline / diskcache transaction
          │ per level per batch; read by ...
          ├─ the lookahead operator itself, between records ("inline"; fetch_mode "auto" while
-         │  the reads hardly wait): manager._load_into_heap(batch, prefetch=True), keys
-         │  inserted clean into the heap, then hinted with their own ts
+         │  the reads hardly wait). From a top level that splits its reads (an unbounded
+         │  Redis: RedisLevel.start_get_many) as *split reads*: the MGET of up to 16 keys is
+         │  sent between two records, its reply taken (without blocking) between later ones
+         │  and staged, installed 2 per record (BatchReads._start_split / poll_read);
+         │  otherwise manager._load_into_heap(batch, prefetch=True), keys inserted clean
+         │  into the heap at once, then hinted with their own ts
          └─ fetch threads (reads that wait; hints without an operator): with an operator
             attached they only read and *stage* the raw bytes (Prefetcher._fetch_staged), and
             the operator's thread decodes and installs them (Prefetcher.install, 8 per record;
@@ -157,7 +161,7 @@ class _Cold:
     __slots__ = ("config", "staged_max_bytes", "staged_max_keys", "slack", "fetch_latency",
                  "batch_latency", "_pid", "_threads", "_consumers", "_last_sweep", "_backlog",
                  "_hot_mark", "_hot_windows", "_wait_s", "_cpu_s", "_gap_s", "_on_cpu", "_waits",
-                 "_probing", "_last_inline_end")
+                 "_probing", "_last_inline_end", "_split", "_read_lock")
 
     config: Any                       # the manager's PrefetchConfig
     staged_max_bytes: int             # staged bytes past which fetch threads take no batch
@@ -179,6 +183,8 @@ class _Cold:
     _waits: deque[float]              # recent inline batches' waits
     _probing: bool                    # an inline probe batch is being read
     _last_inline_end: tuple[float, float] | None   # (wall, thread CPU) time
+    _split: bool | None               # whether the top level splits reads (None: not asked)
+    _read_lock: threading.Lock        # held while the outstanding split read is taken
 
 
 class Prefetcher(BatchReads, StagedReads):
@@ -264,7 +270,7 @@ class Prefetcher(BatchReads, StagedReads):
         self.counters = dict.fromkeys(
             ("hints", "sent", "resident", "dropped_hot", "dropped_late", "prefetched",
              "useful", "wasted", "late", "failures", "batches", "inline_batches",
-             "staged", "staged_dropped", "hot_filter_off"), 0)
+             "staged", "staged_dropped", "hot_filter_off", "split_reads"), 0)
         self._hot = self._filter                   # the filter while it is on, else None
         self._hot_tick = self.HOT_WINDOW          # hints left in the current window
         cold._hot_mark = (0, 0)
@@ -290,15 +296,21 @@ class Prefetcher(BatchReads, StagedReads):
         cold._probing = False
         cold._last_inline_end = None
         self._thread_batches = 0             # thread batches since the last inline probe
+        # the outstanding split read (one at a time), taken by the operator's thread
+        self._reading = None
+        cold._read_lock = threading.Lock()
+        cold._split = None                   # whether the top level splits reads: first use
 
     def _check_fork(self) -> None:
         if self._cold._pid != os.getpid():
-            self._reset()
+            self._reset()   # (a split read of the parent's is forgotten, its socket untouched)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the fetch threads and forget queued hints (the manager calls it from close)."""
         if self._cold._pid != os.getpid():
             self._reset()
+        with self._cold._read_lock:
+            self._drop_read()
         with self._cond:
             self._closed = True
             self._buffer.pending.clear()

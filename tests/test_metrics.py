@@ -93,7 +93,7 @@ def test_scrape_of_a_working_manager(tmp_path, redis_url, unique_ns):
                   event="hints") > 0
     # every counter the prefetcher keeps is exported (the staged-read ones were missing)
     events = {s.labels["event"] for s in third["mlcache_prefetch_events"]}
-    assert {"inline_batches", "staged", "staged_dropped"} <= events
+    assert {"inline_batches", "split_reads", "staged", "staged_dropped"} <= events
     assert "mlcache_prefetch_staged" in third and "mlcache_prefetch_staged_bytes" in third
     # After flush nothing is dirty any more.
     assert _value(third["mlcache_dirty_entries"], "mlcache_dirty_entries") == 0

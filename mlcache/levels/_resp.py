@@ -15,15 +15,18 @@ level's retry takes a fresh one.
 """
 from __future__ import annotations
 
+import select
 import socket
+import time
 from operator import itemgetter
 from typing import Any
 
 import redis
 
-__all__ = ["read_replies", "read_values", "request_values"]
+__all__ = ["PendingValues", "read_replies", "read_values", "request_values"]
 
 _first = itemgetter(0)
+_select = select.select
 _tail = itemgetter(slice(1, None))
 _DOLLAR = {36}   # b"$"[0]
 _RECV = 1 << 16   # bytes asked per socket read; a value this large is read as it is
@@ -241,3 +244,107 @@ def read_replies(sock: socket.socket, n: int,
     if pos != len(data):
         raise redis.InvalidResponse("bytes after the replies")
     return error
+
+
+class _Incomplete(Exception):
+    """The bytes received so far end inside the reply."""
+
+
+class _Received:
+    """The bytes of a reply received so far, read by :func:`read_values` as it reads a socket;
+    reading past them raises :class:`_Incomplete`."""
+
+    __slots__ = ("_data", "_pos")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def recv(self, n: int, flags: int = 0) -> bytes:
+        pos = self._pos
+        if pos >= len(self._data):
+            raise _Incomplete
+        chunk = self._data[pos:pos + n]
+        self._pos = pos + len(chunk)
+        return chunk
+
+    def rest(self) -> int:
+        return len(self._data) - self._pos
+
+
+class PendingValues:
+    """An ``MGET`` sent on a connection of its own whose reply is not read yet: a read split
+    in two, so that the caller's thread goes on while the server answers.
+
+    :meth:`poll` takes what has arrived without blocking and returns the values once the whole
+    reply is there (else None); :meth:`wait` blocks for it (up to ``timeout`` seconds in all).
+    The reply is parsed by :func:`read_values` from the bytes received, again from the start
+    while it is incomplete (a reply of a few dozen values arrives in one or two reads). Errors
+    are raised as redis-py's, the connection dropped unless the reply was read whole (an error
+    reply); after one, or :meth:`cancel`, the object is done.
+    """
+
+    __slots__ = ("_conn", "_sock", "_chunks", "_deadline", "done")
+
+    def __init__(self, conn: Any, sock: socket.socket, timeout: float | None) -> None:
+        self._conn = conn
+        self._sock = sock
+        self._chunks: list[bytes] = []
+        self._deadline = None if not timeout else time.monotonic() + timeout
+        self.done = False
+
+    def poll(self) -> list[bytes | None] | None:
+        if self.done:
+            raise redis.ConnectionError("the reply was read or given up already")
+        try:
+            # (a socket with a timeout waits for data before any recv, MSG_DONTWAIT or not:
+            # ask first whether some has come)
+            chunk = (self._sock.recv(_RECV) if _select([self._sock], (), (), 0)[0]
+                     else None)
+            if chunk is not None:
+                self._chunks.append(_received(chunk))
+                data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+                self._chunks = [data]
+                if data[:1] != b"*" and data[:1] != b"-":
+                    raise redis.InvalidResponse(f"unexpected {data[:24]!r}")  # a RESP3 push...
+                got = _Received(data)
+                try:
+                    values = read_values(got)  # type: ignore[arg-type]
+                except _Incomplete:
+                    pass
+                else:
+                    if got.rest():
+                        raise redis.InvalidResponse("bytes after the reply")
+                    self.done = True
+                    return values
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                raise redis.TimeoutError("Timeout reading from socket")
+            return None
+        except redis.ResponseError:
+            self.done = True   # the whole error reply was read: the connection is in step
+            raise
+        except (ValueError, IndexError, redis.InvalidResponse) as exc:
+            self.cancel()
+            raise redis.ConnectionError(f"unexpected reply to MGET: {exc}") from exc
+        except OSError as exc:
+            self.cancel()
+            raise redis.ConnectionError(f"Error while reading from socket: {exc}") from exc
+        except BaseException:
+            self.cancel()
+            raise
+
+    def wait(self) -> list[bytes | None]:
+        """Block until the whole reply is read (or the timeout given at the start passes)."""
+        while True:
+            values = self.poll()
+            if values is not None:
+                return values
+            left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+            select.select([self._sock], [], [], 1.0 if left is None else min(left, 1.0))
+
+    def cancel(self) -> None:
+        """Give the reply up: the connection is dropped (what it would still receive is out of
+        step with the next command)."""
+        if not self.done:
+            self.done = True
+            self._conn.disconnect()

@@ -62,7 +62,7 @@ from ..codec import Encoded
 from ..config import RedisConfig, redacted_url
 from ..errors import CacheError, CapacityError, LevelUnavailableError
 from ._fit import batch_delta, capacity_error, plan_fit
-from ._resp import read_replies, request_values
+from ._resp import PendingValues, read_replies, request_values
 from .base import HeldVictims, Victims
 
 __all__ = ["RedisLevel", "glob_escape"]
@@ -359,6 +359,8 @@ class RedisLevel:
         # (the client it was made for, the connection); all of them, to close with the level
         self._own = threading.local()
         self._owned: set[Any] = set()
+        # (client, connection) of split reads (start_get_many), made on first use
+        self._reader: tuple[Any, Any] | None = None
 
     @property
     def sends_as_is(self) -> int | None:
@@ -528,6 +530,54 @@ class RedisLevel:
 
     def get(self, key: bytes) -> bytes | None:
         return self.get_many([key])[0]
+
+    @property
+    def splits_reads(self) -> bool:
+        """Whether :meth:`start_get_many` splits reads (an unbounded level, not over TLS)."""
+        return self.max_bytes is None and not str(self.config.url).startswith("rediss://")
+
+    def start_get_many(self, keys: Sequence[bytes]) -> PendingValues | None:
+        """Send the read of ``keys`` and return at once: the reply is taken later, without
+        blocking, from the returned :class:`~mlcache.levels._resp.PendingValues` (the values in
+        the order of ``keys``, None for absent ones). For keyed prefetching, whose operator reads
+        ahead on the record loop's thread: the round trip then overlaps the records processed
+        meanwhile instead of being waited for in one of them.
+
+        None when this level cannot split its read: a bounded level (its reads also refresh its
+        LRU index, in a transaction), a TLS connection, or more keys than one ``MGET`` takes.
+        The read has a connection of its own, made beside the pool (so a pool of one connection
+        is never emptied by a read nobody waits for), one per process, used by one read at a
+        time: the caller keeps at most one outstanding."""
+        if not keys or self.max_bytes is not None or len(keys) > _CHUNK:
+            return None
+        try:
+            client = self._connect()
+            held = self._reader
+            if held is None or held[0] is not client:
+                pool = client.connection_pool
+                conn = pool.connection_class(**pool.connection_kwargs)
+                with self._lock:
+                    if self._closed:
+                        raise LevelUnavailableError("redis level is closed", level=self.name)
+                    if held is not None:
+                        self._owned.discard(held[1])
+                    self._owned.add(conn)
+                held = self._reader = (client, conn)
+            conn = held[1]
+            conn.connect()
+            sock = getattr(conn, "_sock", None)
+            if type(sock) is not socket.socket:
+                return None      # TLS: its reads go through redis-py
+            conn.send_packed_command([_mget_packed(list(map(self.prefix.__add__, keys)))])
+        except CacheError:
+            raise
+        except redis.AuthenticationError as exc:
+            raise _auth_error(self, "get", exc) from exc
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise LevelUnavailableError(
+                f"redis level at {redacted_url(self.url)}: get failed: {exc}",
+                level=self.name) from exc
+        return PendingValues(conn, sock, self.config.socket_timeout or None)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -985,6 +1035,7 @@ class RedisLevel:
                 for conn in self._owned:
                     conn.disconnect()
             self._owned.clear()
+            self._reader = None
             self._client = None
             if self._server is not None:
                 self._server_stop()
