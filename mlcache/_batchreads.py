@@ -41,8 +41,9 @@ _FAILED_MAX = 65536
 _SWEEP_INTERVAL = 0.5  # seconds between scans for prefetched keys evicted unused
 _INLINE_WAIT_SHARE = 0.5  # inline batches' waits above this share of the loop -> threads
 _PROBE_EVERY = 64       # thread batches between two inline batches that re-measure the cost
-# keys per split read at most: its reply is taken and staged between two records, so a batch
-# is what one record can carry (~1.5 us a key) -- the round trip itself waits for nobody
+# keys per split read while the reads keep up: its reply is taken and staged between two
+# records, so a batch is what one record can carry (~3 us a key) -- the round trip itself waits
+# for nobody; a backlog is read in batches of up to batch_size
 _SPLIT_BATCH = 16
 
 
@@ -274,7 +275,10 @@ class BatchReads:
         with self._lock:
             size = self._cold.config.batch_size
             if not probe and self._splits():
-                size = min(size, _SPLIT_BATCH)
+                # small batches while the reads keep up; what queued while the last reply
+                # was coming (a slow server) up to batch_size, so that keys per round trip
+                # grow with the round trip instead of a backlog
+                size = min(size, max(_SPLIT_BATCH, len(buf.pending)))
             batch, late = buf.take(size, self.watermark - lateness, head)
             self.counters["dropped_late"] += late
             self._thread_batches = 0

@@ -55,6 +55,8 @@ __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
 _INSTALL_PER_RECORD = 8
 # the same with split reads (their batches are small and come in use order)
 _INSTALL_SPLIT = 2
+# records between two polls of an outstanding split read
+_POLL_EVERY = 4
 # buffered heap hits replayed to the policy by the operator between records (the manager
 # replays them itself at 64, inside a get)
 _REPLAY_AT = 16
@@ -330,7 +332,10 @@ class Lookahead(Iterator[Any]):
             # here), so that no record carries several: the slowest records are the keyed
             # path's tail latency. Each has slack (the read-ahead is deep), and together they
             # run in well under half the records, so the median record carries none.
-            busy = pf._reading is not None and pf.poll_read()
+            # (a poll is a system call, ~4 us here, while the reply takes ~15 records to come:
+            # asked every _POLL_EVERY records, so that most records pay none)
+            busy = (pf._reading is not None and not self.records % _POLL_EVERY
+                    and pf.poll_read())
             if len(m._reads_ts) + len(m._reads) >= _REPLAY_AT:
                 # the heap hits of the records handed over so far reach the policy here,
                 # between records, rather than inside the get of whichever record fills the
