@@ -45,7 +45,6 @@ import sys
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
-from ._batchreads import _SPLIT_BATCH
 from .errors import CacheError, IntegrityError, LevelUnavailableError
 
 __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
@@ -253,9 +252,10 @@ class Lookahead(Iterator[Any]):
         self._install = _INSTALL_PER_RECORD
         if self._pf is not None:
             self._pf.depth = self.depth
-            if self._pf.attach(self):
+            staged_batch = self._pf.attach(self)
+            if staged_batch:
                 self._install = _INSTALL_SPLIT
-                self._batch = min(self._batch, _SPLIT_BATCH)
+                self._batch = min(self._batch, staged_batch)
                 self._full = min(self._batch, self._every)
 
     def __iter__(self) -> "Lookahead":

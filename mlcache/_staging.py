@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._batchreads import _FAILED_MAX
+from ._batchreads import _FAILED_MAX, _SPLIT_BATCH
 from ._hints import HintBuffer
 from ._readpath import _Load
 
@@ -60,14 +60,15 @@ class StagedReads:
     _reading: Any
     inline: bool
     poll_read: Callable[..., None]
-    _splits: Callable[[], bool]
+    _staged_mode: Callable[[], str]
 
-    def attach(self, operator: Any) -> bool:
+    def attach(self, operator: Any) -> int:
         """A lookahead operator will install staged reads and may read batches itself.
-        Returns whether its batches are split reads (see ``BatchReads._start_split``)."""
+        Returns the batch size of its split reads (see ``BatchReads._start_split``), 0 when
+        it reads whole batches."""
         with self._cond:
             self._cold._consumers.add(operator)
-        return self._splits()
+        return _SPLIT_BATCH if self._staged_mode() == "split" else 0
 
     def detach(self, operator: Any) -> None:
         """The operator is done; with no operator left, staged reads have nobody to wait for."""
@@ -194,6 +195,12 @@ class StagedReads:
                 self._thread_batches += 1
             self.counters["staged"] += staged
             self._cold.batch_latency.add(now - t_start)
+            if inline:
+                # the operator chose when to read: a staged key's latency is its read's (the
+                # time it then waits to be installed is the operator's pacing; its record's
+                # get installs it without I/O), as for the batches loaded at once
+                for _ in range(staged):
+                    self._cold.fetch_latency.add(now - t_start)
             if error is not None:
                 self.counters["failures"] += 1
                 if len(self._failed) + len(keys) > _FAILED_MAX:
@@ -235,7 +242,12 @@ class StagedReads:
             return 0
         with self._cond:
             staged = self._staged
-            full = self._thread_idle()
+            cold = self._cold
+            # fetch threads held back by the staging bound get room now (not when they are
+            # idle because the operator reads its batches itself: a wake-up each install
+            # cost those threads' hand-offs of the GIL)
+            full = (self._staged_bytes >= cold.staged_max_bytes
+                    or len(staged) >= cold.staged_max_keys)
             if len(staged) <= limit:
                 chosen = list(staged)
             elif self._cold._split and self.inline:
@@ -322,9 +334,12 @@ class StagedReads:
                 installed.append((kb, t0))
         m._wb.ensure_writers()
         now = time.perf_counter()
+        # staged by the operator's own reads: their latency was taken when they were staged
+        timed = not (self._cold._split and self.inline)
         with self._lock:
             for kb, t0 in installed:
-                self._cold.fetch_latency.add(now - t0)
+                if timed:
+                    self._cold.fetch_latency.add(now - t0)
                 if not used:
                     self._landed[kb] = t0
             self.counters["prefetched"] += len(installed)

@@ -68,6 +68,9 @@ class DelayedLevel:
         self.name = inner.name
         self.shared = inner.shared
 
+    # its delay is in get_many: a split read (straight to the socket) would skip it
+    splits_reads = False
+
     @property
     def lossy(self) -> bool:
         return self.inner.lossy
