@@ -286,3 +286,42 @@ def test_installs_do_not_wake_fetch_threads_the_operator_keeps_idle(redis_url, u
         assert out == list(range(400)) * 2
         assert sum(1 for n in installs if n) > 20
         assert len(woken) <= 2          # (the operator's detach)
+
+
+def test_closing_the_manager_with_a_split_read_out(redis_url, unique_ns):
+    cfg = _config(redis_url, unique_ns, policy="lru", entries=16)
+    _fill(cfg, [(("k", k), k) for k in range(8)])
+    m = CacheManager(cfg)
+    kbs = [m._encode_key(("k", k)) for k in range(8)]
+    pf, op = _started(m, kbs)
+    pending = pf._reading.pending
+    m.close()                   # the reply nobody will take: the connection is dropped
+    assert pf._reading is None and pending.done
+    with CacheManager(cfg) as m2:
+        assert [m2.get(("k", k)) for k in range(8)] == list(range(8))
+
+
+def test_a_forked_child_does_not_take_its_parents_split_read(redis_url, unique_ns):
+    """The read out belongs to the parent's connection: the child forgets it (taking the
+    parent's reply from the shared socket would leave the parent out of step) and reads on a
+    connection of its own."""
+    cfg = _config(redis_url, unique_ns, policy="lru", entries=16)
+    _fill(cfg, [(("k", k), k) for k in range(40)])
+    with CacheManager(cfg) as m:
+        kbs = [m._encode_key(("k", k)) for k in range(8)]
+        pf, op = _started(m, kbs)
+        pid = os.fork()
+        if pid == 0:     # the child: exit status 0 only if everything holds
+            ok = False
+            try:
+                out = [m.get(("k", k)) for k in prefetching(list(range(40)),
+                                                            key=lambda k: ("k", k), cache=m)]
+                ok = out == list(range(40)) and m._get_prefetcher()._reading is None
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert pf.poll_read(block=True) and pf.counters["failures"] == 0   # still in step
+        pf.install(100)
+        assert [m.get(("k", k)) for k in range(8)] == list(range(8))
+        pf.detach(op)
