@@ -325,3 +325,31 @@ def test_a_forked_child_does_not_take_its_parents_split_read(redis_url, unique_n
         pf.install(100)
         assert [m.get(("k", k)) for k in range(8)] == list(range(8))
         pf.detach(op)
+
+
+def test_a_connection_the_server_closed_while_idle_costs_one_batch(own_redis):
+    """Redis's ``timeout`` closes idle client connections; the reads' connection is idle
+    between two operators. The next read fails as a batch (its records read their keys
+    themselves, nothing is raised) and the one after reconnects."""
+    import time
+
+    client = redis.Redis.from_url(own_redis.url)
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=16, max_bytes=None),
+                      levels=(RedisConfig(url=own_redis.url, prefix="idle"),),
+                      namespace="idle", prefetch=PrefetchConfig())
+    _fill(cfg, [(("k", k), k) for k in range(300)])
+    try:
+        client.config_set("timeout", 1)
+        with CacheManager(cfg) as m:
+            keys = list(range(300))
+            run = lambda: [m.get(("k", k)) for k in prefetching(keys, key=lambda k: ("k", k),
+                                                                 cache=m)]
+            assert run() == keys
+            time.sleep(2.5)                  # the server drops the idle connections
+            assert run() == keys
+            assert run() == keys
+            st = m.stats()["prefetch"]
+            assert st["failures"] <= 1 and st["split_reads"] > 3
+    finally:
+        client.config_set("timeout", 0)
+        client.close()
