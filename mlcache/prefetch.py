@@ -50,6 +50,8 @@ decode and heap insert. Per use: a lock-free check of the buffer and one dict po
   its hint is dropped: no policy hint, no lock. A hot key that is *not* resident is still
   fetched — in a process the residency check is a dict lookup, so unlike an upstream operator
   in a distributed engine we can afford to look before dropping, and the filter costs no hits.
+  Under TAC a hot key's hint is dropped only if TAC keeps the key without it until the use
+  (``_survives``: a deep read-ahead otherwise let hot keys last used long ago be evicted).
   ``hot_threshold=16`` disables it. The filter judges itself: in windows of 4096 hints, one in
   which it dropped under a quarter of them switches it off for 15 windows (no counting, no
   estimates), after which it runs a window again (``Prefetcher._hot_window``): on keys with
@@ -202,6 +204,12 @@ class Prefetcher(BatchReads, StagedReads):
         policy = getattr(getattr(manager, "_heap", None), "policy", None)
         own_hint = getattr(type(policy), "hint", BasePolicy.hint)
         self._policy_hints = policy is not None and own_hint is not BasePolicy.hint
+        # an event-time policy tells when an entry not renewed leaves (see _survives)
+        self._survival = None
+        if self._policy_hints and all(callable(getattr(policy, n, None))
+                                      for n in ("timestamp", "front")) \
+                and isinstance(getattr(type(policy), "now", None), property):
+            self._survival = (policy.timestamp, policy.front, lambda: policy.now)
         # Staged bytes wait outside the heap's accounting: bound them (fetch threads take no
         # new batch while the bound is reached; the operator drains them every record).
         heap = manager.config.heap
@@ -349,7 +357,7 @@ class Prefetcher(BatchReads, StagedReads):
             self._hot_window()
         f = self._hot
         if m._resident(kb):
-            if f is not None and f.hot(kb):
+            if f is not None and f.hot(kb) and self._survives(kb, ts):
                 counters["dropped_hot"] += 1
                 return "hot"
             counters["resident"] += 1
@@ -359,6 +367,29 @@ class Prefetcher(BatchReads, StagedReads):
         if f is not None:
             f.count(kb)     # popularity is learnt from every hint; the estimate is not needed
         return self._enqueue(kb, ts)
+
+    def _survives(self, kb: bytes, ts: float) -> bool:
+        """Whether a hot resident key stays resident until its use at ``ts`` without this
+        hint, so that the hint may be dropped.
+
+        Under an event-time policy (TAC) an entry not renewed leaves once the evictions reach
+        its timestamp. The eviction front (the smallest timestamp) moves over the entries used
+        in the past at about the rate the clock does (each stays about as long as it takes the
+        evictions to go round them), so an entry ``s - front`` ahead of the front is safe for
+        about that long: the hint is dropped when that is more than twice the time to the use.
+        With a shallow read-ahead a hot key passes easily (used moments ago, needed soon);
+        with a deep one (a slow server: thousands of records ahead) a key hot by count but not
+        used for a while did not, and its record then missed -- a full round trip in the
+        keyed path's tail. Other policies have no such clock: a hot key's hint is dropped."""
+        survival = self._survival
+        if survival is None:
+            return True
+        stamp, front, now = survival
+        s = stamp(kb)
+        if s is None or s >= ts:
+            return True          # (stamped for this use or a later one: the hint changes nothing)
+        f = front()
+        return f is None or s - f > 2.0 * (ts - now())
 
     # The hot-key filter watches what it achieves: windows of HOT_WINDOW hints; after the
     # first HOT_WARMUP windows (the sketch learns), a window in which it dropped less than

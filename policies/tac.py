@@ -73,6 +73,23 @@ class TACPolicy(BasePolicy):
         entry = self._entries.get(key)
         return None if entry is None else entry[0]
 
+    @property
+    def now(self) -> float:
+        """The latest event time reached (accesses, inserts, :meth:`advance`); -inf before any."""
+        return self._now
+
+    def front(self) -> float | None:
+        """Where the evictions are: the timestamp at the top of the eviction order (None if
+        empty). An entry that is not renewed leaves once the evictions reach its timestamp.
+        Read without reordering, so it may be called without the owner's lock (a prefetch
+        hint does); exact after an eviction, else a lower bound (an entry renewed or removed
+        since leaves its old item behind until the top is next cleaned)."""
+        heap = self._heap
+        try:
+            return heap[0][0]
+        except IndexError:
+            return None
+
     def next_victim(self) -> Hashable:
         """The key an eviction would remove now: the smallest timestamp (KeyError if empty)."""
         key = self._top()

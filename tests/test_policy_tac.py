@@ -135,3 +135,18 @@ def test_renewals_between_evictions_cost_no_push():
     assert len(p._heap) == n
     assert p.insert("new") == [0]   # key 0's use (10.0) is the oldest; the newcomer is at 999+10
     assert p.timestamp("new") == 1009.0
+
+
+def test_front_and_now_tell_where_the_evictions_and_the_clock_are():
+    p = TACPolicy(3)
+    assert p.front() is None and p.now == float("-inf")
+    p.insert("a", ts=5.0)
+    p.insert("b", ts=7.0)
+    p.insert("c", ts=9.0)
+    assert p.front() == 5.0 and p.now == 9.0
+    p.hint("a", 20.0)                       # renewed: its old item stays until cleaned
+    assert p.front() <= 7.0                 # a lower bound, read without reordering
+    assert p.insert("d", ts=10.0) == ["b"]  # an eviction cleans the top
+    assert p.front() == 9.0 and p.timestamp("a") == 20.0
+    p.advance(12.0)
+    assert p.now == 12.0

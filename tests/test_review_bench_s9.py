@@ -76,6 +76,7 @@ def test_policies_lists_goals_of_missing_traces_and_theine_as_unmeasured():
     (["prefetch", "--rounds", "-1"], "argument --rounds: must be at least 1"),
     (["prefetch", "--backend-delay-ms", "-2"], "argument --backend-delay-ms: must be a finite"),
     (["prefetch", "--backend-delay-ms", "inf"], "argument --backend-delay-ms: must be a finite"),
+    (["prefetch", "--redis-delay-ms", "-1"], "argument --redis-delay-ms: must be a finite"),
     (["prefetch", "--hot-threshold", "17"], "argument --hot-threshold: must be at most 16"),
     (["events", "--intervals", "5"], "argument --intervals: must be at least 13"),
     (["events", "--posts", "0"], "argument --posts: must be at least 1"),
@@ -303,3 +304,27 @@ def test_events_memory_pass_counts_the_heaps_own_bookkeeping():
                  "/x/policies/wtinylfu.py", "/x/mlcache/writeback.py",
                  "/x/structures/quadtree.py", "/x/mlcache/codec.py"):
         assert any(fnmatch.fnmatch(path, f"*{f}") for f in files), path
+
+
+def test_delay_proxy_forwards_in_order_and_stops(redis_url, redis_server):
+    """The bench's delay proxy (``--redis-delay-ms``): a real Redis behind it answers a
+    pipeline of many commands in order, and the proxy process ends with stop()."""
+    import redis as redis_py
+
+    from mlcache.bench._proxy import DelayProxy
+
+    with DelayProxy(redis_server.port, 1.0) as proxy:
+        client = redis_py.Redis.from_url(proxy.url)
+        pipe = client.pipeline(transaction=False)
+        for i in range(500):
+            pipe.set(f"proxy:{i}", i)
+        for i in range(500):
+            pipe.get(f"proxy:{i}")
+        out = pipe.execute()
+        client.close()
+        proc = proxy._proc
+        assert out[500:] == [str(i).encode() for i in range(500)]
+    assert proc.poll() is not None
+    with pytest.raises(ValueError, match="delay_ms"):
+        DelayProxy(redis_server.port, -1.0)
+

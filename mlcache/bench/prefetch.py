@@ -11,7 +11,9 @@ process CPU time per record over its rounds (fetch threads included).
 
 * **ysb** (Yahoo Streaming Benchmark-like): ad events with Zipf(1.0) ad ids; each event is
   enriched with its ad's campaign metadata from a real Redis level (an embedded redis-server)
-  and views are counted per campaign.
+  and views are counted per campaign; optional ``--redis-delay-ms`` puts a TCP proxy between
+  the job and the server that holds every transfer back by that long each way (a remote
+  server; :mod:`mlcache.bench._proxy`).
 * **nexmark** (NEXMark Q13-like): bids enriched by auction id from a large side table in the
   disk level; optional ``--backend-delay-ms`` sleeps before every batched read of that level to
   emulate remote storage. Revenue is summed per category.
@@ -53,6 +55,7 @@ from typing import Any, Callable, Iterator
 
 from ..config import CacheConfig, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
 from ._delayed import Delay, DelayedLevelConfig
+from ._proxy import DelayProxy
 from ._report import BenchReport, int_arg, nonnegative_float_arg
 
 __all__ = ["add_arguments", "run"]
@@ -65,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=("ysb", "nexmark", "both"), default="both")
     parser.add_argument("--backend-delay-ms", type=nonnegative_float_arg, default=0.0,
                         help="sleep before every batched read of the nexmark disk level")
+    parser.add_argument("--redis-delay-ms", type=nonnegative_float_arg, default=0.0,
+                        help="ysb: a TCP proxy holding every transfer between the job and "
+                             "Redis back by this many ms each way (a remote server; slow: "
+                             "the blocking variants wait for it on every miss)")
     parser.add_argument("--hot-threshold", type=_hot_threshold, default=None,
                         help="hot-key filter threshold for keyed+tac, 0..16 (default: the "
                              "config's)")
@@ -407,14 +414,25 @@ def run(args: argparse.Namespace) -> BenchReport:
     rng = random.Random(getattr(args, "seed", 7))
     delay_ms = float(getattr(args, "backend_delay_ms", 0.0) or 0.0)
     rounds = getattr(args, "rounds", None) or (2 if quick else 3)
+    redis_delay_ms = float(getattr(args, "redis_delay_ms", 0.0) or 0.0)
     if which in ("ysb", "both"):
         server = RedisServer().start()
+        proxy = None
         try:
-            wl = YSB(quick, rng, server.url)
+            url = server.url
+            where = "embedded redis-server"
+            if redis_delay_ms > 0:
+                proxy = DelayProxy(server.port, redis_delay_ms).start()
+                url = proxy.url
+                where += (f" behind a proxy delaying every transfer {redis_delay_ms} ms each "
+                          "way (its CPU, in its own process, is not in cpu_us)")
+            wl = YSB(quick, rng, url)
             report.note(f"ysb: {wl.keys} ads (Zipf 1.0), {len(wl.events)} events, heap "
-                        f"{wl.keys // 10} entries, Redis level (embedded redis-server)")
+                        f"{wl.keys // 10} entries, Redis level ({where})")
             _one_workload(report, wl, args, rounds)
         finally:
+            if proxy is not None:
+                proxy.stop()
             server.cleanup()
     if which in ("nexmark", "both"):
         wl2 = NexmarkQ13(quick, rng, delay_ms)
