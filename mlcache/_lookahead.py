@@ -32,9 +32,9 @@ its own get. With split reads (an unbounded Redis on top) a batch is sent in one
 reply taken in a later one; a record whose key is in the read still out waits for that reply.
 The records are read ahead 8 at a time, and a record does at most one of the heavier tasks
 (taking a reply, installing, sending a batch, reading ahead): the slowest records are the
-operator's tail latency, and the median record carries none of them. Inline, latency and slack are measured from the start of the read (the operator
-chose when to read), and the depth is kept at two batches' worth of records at least, so that
-batches can fill.
+operator's tail latency, and the median record carries none of them. Inline, latency and slack
+are measured from the start of the read (the operator chose when to read), and the depth is
+kept at two batches' worth of records at least, so that batches can fill.
 """
 from __future__ import annotations
 

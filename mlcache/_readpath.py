@@ -467,6 +467,7 @@ class ReadPath:
                     break
             t0 = time.perf_counter()
             try:
+                values: Any
                 if i == 0 and first is not None:
                     values, elapsed = first
                 else:

@@ -59,7 +59,7 @@ class StagedReads:
     _hint_later: Callable[[Any, list[tuple[bytes, float]]], None]
     _reading: Any
     inline: bool
-    poll_read: Callable[..., None]
+    poll_read: Callable[..., bool]
     _staged_mode: Callable[[], str]
 
     def attach(self, operator: Any) -> int:

@@ -206,10 +206,11 @@ class Prefetcher(BatchReads, StagedReads):
         self._policy_hints = policy is not None and own_hint is not BasePolicy.hint
         # an event-time policy tells when an entry not renewed leaves (see _survives)
         self._survival = None
-        if self._policy_hints and all(callable(getattr(policy, n, None))
-                                      for n in ("timestamp", "front")) \
-                and isinstance(getattr(type(policy), "now", None), property):
-            self._survival = (policy.timestamp, policy.front, lambda: policy.now)
+        if (policy is not None and self._policy_hints
+                and all(callable(getattr(policy, n, None)) for n in ("timestamp", "front"))
+                and isinstance(getattr(type(policy), "now", None), property)):
+            tac = policy
+            self._survival = (tac.timestamp, tac.front, lambda: tac.now)
         # Staged bytes wait outside the heap's accounting: bound them (fetch threads take no
         # new batch while the bound is reached; the operator drains them every record).
         heap = manager.config.heap
