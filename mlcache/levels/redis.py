@@ -460,8 +460,15 @@ class RedisLevel:
         held = getattr(own, "conn", None)
         if held is not None and held[0] is client:
             return held[1]
-        # first use, or a new client after a fork: the parent's connection is dropped, not
-        # closed (the parent still uses its socket)
+        conn = self._side_connection(client, held)
+        own.conn = (client, conn)
+        return conn
+
+    def _side_connection(self, client: redis.Redis, held: tuple[Any, Any] | None) -> Any:
+        """A connection for ``client`` made beside its pool and closed with the level,
+        replacing ``held`` (the one made before, for an older client). On first use, or a new
+        client after a fork: the parent's connection is dropped, not closed (the parent still
+        uses its socket)."""
         pool = client.connection_pool
         conn = pool.connection_class(**pool.connection_kwargs)
         with self._lock:
@@ -470,7 +477,6 @@ class RedisLevel:
             if held is not None:
                 self._owned.discard(held[1])
             self._owned.add(conn)
-        own.conn = (client, conn)
         return conn
 
     def _run(self, op: str, fn: Callable[[redis.Redis], T]) -> T:
@@ -554,15 +560,7 @@ class RedisLevel:
             client = self._connect()
             held = self._reader
             if held is None or held[0] is not client:
-                pool = client.connection_pool
-                conn = pool.connection_class(**pool.connection_kwargs)
-                with self._lock:
-                    if self._closed:
-                        raise LevelUnavailableError("redis level is closed", level=self.name)
-                    if held is not None:
-                        self._owned.discard(held[1])
-                    self._owned.add(conn)
-                held = self._reader = (client, conn)
+                held = self._reader = (client, self._side_connection(client, held))
             conn = held[1]
             conn.connect()
             sock = getattr(conn, "_sock", None)
