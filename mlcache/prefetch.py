@@ -20,8 +20,9 @@ checks residency itself and calls ``submit`` for absent keys)::
          │ per level per batch; read by ...
          ├─ the lookahead operator itself, between records ("inline"; fetch_mode "auto" while
          │  the reads hardly wait). From a top level that splits its reads (an unbounded
-         │  Redis: RedisLevel.start_get_many) as *split reads*: the MGET of up to 16 keys is
-         │  sent between two records, its reply taken (without blocking) between later ones
+         │  Redis: RedisLevel.start_get_many) as *split reads*: an MGET of 16 keys (more
+         │  when a backlog queued) is sent between two records, its reply taken (without
+         │  blocking) between later ones
          │  and staged, installed 2 per record (BatchReads._start_split / poll_read);
          │  otherwise manager._load_into_heap(batch, prefetch=True), keys inserted clean
          │  into the heap at once, then hinted with their own ts
