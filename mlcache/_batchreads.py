@@ -272,10 +272,10 @@ class BatchReads:
         if len(buf.pending) < threshold or self._closed or self._reading is not None:
             return False     # (one split read at a time: the next batch waits for its reply)
         lateness = self._cold.config.lateness or 0.0
-        mode = "" if probe else self._staged_mode()
+        split = not probe and self._splits()
         with self._lock:
             size = self._cold.config.batch_size
-            if mode == "split":
+            if split:
                 # small batches while the reads keep up; what queued while the last reply
                 # was coming (a slow server) up to batch_size, so that keys per round trip
                 # grow with the round trip instead of a backlog
@@ -285,7 +285,7 @@ class BatchReads:
             self._thread_batches = 0
             self._cold._probing = probe  # threads take no batch meanwhile: the measure stays clean
         try:
-            if batch and not (mode == "split" and self._start_split(batch)):
+            if batch and not (split and self._start_split(batch)):
                 self._fetch(batch, inline=True)
         finally:
             if probe:
@@ -351,16 +351,15 @@ class BatchReads:
         self._staged_done(m, keys, staged, error, t_start, inline=True)
         return True
 
-    def _staged_mode(self) -> str:
-        """How the operator reads its batches: "split" (split reads, when batches are read
-        inline from a top level that splits its reads: ``splits_reads``), else "" (whole
-        batches loaded at once)."""
+    def _splits(self) -> bool:
+        """Whether the operator's batches are split reads: read inline, from a top level that
+        splits its reads (``splits_reads``); else whole batches are loaded at once."""
         cold = self._cold
         if cold._split is None:
             m = self._mref()
             top = m._levels[0] if m is not None and m._levels else None
-            cold._split = "split" if getattr(top, "splits_reads", False) else ""
-        return cold._split if self.inline else ""
+            cold._split = bool(getattr(top, "splits_reads", False))
+        return cold._split and self.inline
 
     def poll_read(self, block: bool = False) -> bool:
         """Operator thread, between records: take the reply of the outstanding split read if

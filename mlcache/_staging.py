@@ -60,7 +60,7 @@ class StagedReads:
     _reading: Any
     inline: bool
     poll_read: Callable[..., bool]
-    _staged_mode: Callable[[], str]
+    _splits: Callable[[], bool]
 
     def attach(self, operator: Any) -> int:
         """A lookahead operator will install staged reads and may read batches itself.
@@ -68,7 +68,7 @@ class StagedReads:
         it reads whole batches."""
         with self._cond:
             self._cold._consumers.add(operator)
-        return _SPLIT_BATCH if self._staged_mode() == "split" else 0
+        return _SPLIT_BATCH if self._splits() else 0
 
     def detach(self, operator: Any) -> None:
         """The operator is done; with no operator left, staged reads have nobody to wait for."""
@@ -250,7 +250,7 @@ class StagedReads:
                     or len(staged) >= cold.staged_max_keys)
             if len(staged) <= limit:
                 chosen = list(staged)
-            elif self._cold._split and self.inline:
+            elif self._splits():
                 # staged by the operator's own split reads only, each batch taken oldest
                 # first: the dict's order is the order of use
                 chosen = list(islice(staged, limit))
@@ -335,7 +335,7 @@ class StagedReads:
         m._wb.ensure_writers()
         now = time.perf_counter()
         # staged by the operator's own reads: their latency was taken when they were staged
-        timed = not (self._cold._split and self.inline)
+        timed = not self._splits()
         with self._lock:
             for kb, t0 in installed:
                 if timed:

@@ -186,7 +186,7 @@ class _Cold:
     _waits: deque[float]              # recent inline batches' waits
     _probing: bool                    # an inline probe batch is being read
     _last_inline_end: tuple[float, float] | None   # (wall, thread CPU) time
-    _split: str | None                # BatchReads._staged_mode (None: not asked yet)
+    _split: bool | None               # whether the top level splits reads (None: not asked)
     _read_lock: threading.Lock        # held while the outstanding split read is taken
 
 
@@ -309,7 +309,7 @@ class Prefetcher(BatchReads, StagedReads):
         # the outstanding split read (one at a time), taken by the operator's thread
         self._reading = None
         cold._read_lock = threading.Lock()
-        cold._split = None                   # BatchReads._staged_mode, known on first use
+        cold._split = None                   # BatchReads._splits, known on first use
 
     def _check_fork(self) -> None:
         if self._cold._pid != os.getpid():
