@@ -45,6 +45,12 @@ _PROBE_EVERY = 64       # thread batches between two inline batches that re-meas
 # records, so a batch is what one record can carry (~3 us a key) -- the round trip itself waits
 # for nobody; a backlog is read in batches of up to batch_size
 _SPLIT_BATCH = 16
+# keys per batch read inline from a level that cannot split its reads (the disk level): the
+# record that reads it also decodes and inserts every value and evicts as many victims (~22 us
+# a key on this machine, all of it on that record), so the batch is that record's latency.
+# Against 64 keys, 32 halved the keyed p999 on `bench prefetch`'s nexmark at the same
+# throughput; 16 cut it again but cost ~10% throughput (each batch's own ~30 us).
+_INLINE_BATCH = 32
 
 
 class BatchReads:
@@ -280,6 +286,8 @@ class BatchReads:
                 # was coming (a slow server) up to batch_size, so that keys per round trip
                 # grow with the round trip instead of a backlog
                 size = min(size, max(_SPLIT_BATCH, len(buf.pending)))
+            elif not probe:
+                size = min(size, _INLINE_BATCH)
             batch, late = buf.take(size, self.watermark - lateness, head)
             self.counters["dropped_late"] += late
             self._thread_batches = 0

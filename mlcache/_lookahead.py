@@ -252,11 +252,11 @@ class Lookahead(Iterator[Any]):
         self._install = _INSTALL_PER_RECORD
         if self._pf is not None:
             self._pf.depth = self.depth
-            staged_batch = self._pf.attach(self)
-            if staged_batch:
+            split, batch = self._pf.attach(self)
+            if split:
                 self._install = _INSTALL_SPLIT
-                self._batch = min(self._batch, staged_batch)
-                self._full = min(self._batch, self._every)
+            self._batch = min(self._batch, batch)
+            self._full = min(self._batch, self._every)
 
     def __iter__(self) -> "Lookahead":
         return self

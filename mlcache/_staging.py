@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._batchreads import _FAILED_MAX, _SPLIT_BATCH
+from ._batchreads import _FAILED_MAX, _INLINE_BATCH, _SPLIT_BATCH
 from ._hints import HintBuffer
 from ._readpath import _Load
 
@@ -62,13 +62,15 @@ class StagedReads:
     poll_read: Callable[..., bool]
     _splits: Callable[[], bool]
 
-    def attach(self, operator: Any) -> int:
+    def attach(self, operator: Any) -> tuple[bool, int]:
         """A lookahead operator will install staged reads and may read batches itself.
-        Returns the batch size of its split reads (see ``BatchReads._start_split``), 0 when
-        it reads whole batches."""
+        Returns ``(split, batch)``: whether its batches are split reads (see
+        ``BatchReads._start_split``) and the keys it should queue before reading one."""
         with self._cond:
             self._cold._consumers.add(operator)
-        return _SPLIT_BATCH if self._splits() else 0
+        if self._splits():
+            return True, _SPLIT_BATCH
+        return False, min(self._cold.config.batch_size, _INLINE_BATCH)
 
     def detach(self, operator: Any) -> None:
         """The operator is done; with no operator left, staged reads have nobody to wait for."""

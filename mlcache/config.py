@@ -235,7 +235,9 @@ class PrefetchConfig:
     ``"inline"`` (on the operator's thread, between records), ``"threads"`` (fetch threads read,
     the operator's thread decodes and inserts) or ``"auto"`` (inline unless the reads wait for
     more than half the loop's time; see docs/implementation/keyed-prefetching.md). Hints made
-    without the operator are always read by the fetch threads.
+    without the operator are always read by the fetch threads. ``batch_size``: keys per
+    batched read; the operator reads whole batches inline (a level that cannot split its reads,
+    such as the disk level) at most 32 at a time, since one record carries each.
     """
 
     enabled: bool = True

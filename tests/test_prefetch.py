@@ -700,6 +700,38 @@ def test_inline_mode_reads_batches_on_the_operator_thread(tmp_path):
     assert st["late"] <= 17 and st["useful"] >= 400 - 17
 
 
+def test_inline_batches_from_a_level_that_cannot_split_are_at_most_32_keys(tmp_path):
+    # the record that reads an inline batch decodes, inserts and evicts for every key of it:
+    # its latency is the batch, so the operator reads 32 keys at a time even when batch_size
+    # allows 64 (the keyed p999 on the disk level halved at the same throughput)
+    sizes: list[int] = []
+
+    def note(keys):
+        sizes.append(len(keys))
+        return False
+
+    delay = Delay(0.0)
+    delay.fail = note
+    cfg = _disk_config(tmp_path, delay, entries=300, hot_threshold=16, fetch_mode="inline")
+    assert cfg.prefetch.batch_size == 64
+    _fill(cfg, [(i, i) for i in range(3000)])
+    sizes.clear()
+    with CacheManager(cfg) as m:
+        out = [m.get(r) for r in prefetching(range(3000), key=lambda r: r, cache=m, depth=256)]
+        st = m.stats()["prefetch"]
+    assert out == list(range(3000))
+    assert st["inline_batches"] > 0 and st["useful"] > 2900
+    assert max(sizes) == 32          # full batches are 32 keys, none more
+    small = _disk_config(tmp_path, delay, entries=300, hot_threshold=16, fetch_mode="inline",
+                         batch_size=8, ns="small")
+    _fill(small, [(i, i) for i in range(500)])
+    sizes.clear()
+    with CacheManager(small) as m:
+        assert [m.get(r) for r in prefetching(range(500), key=lambda r: r, cache=m,
+                                              depth=256)] == list(range(500))
+    assert max(sizes) == 8           # a smaller batch_size still bounds them
+
+
 def test_auto_mode_moves_reads_to_threads_when_they_wait_and_back(tmp_path):
     delay = Delay(0.02)
     cfg = _disk_config(tmp_path, delay, entries=5000, hot_threshold=16, batch_size=8)

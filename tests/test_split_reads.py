@@ -68,7 +68,7 @@ def _started(m, kbs):
     """Hint ``kbs`` and start one split read of them; the prefetcher, with its read out."""
     pf = m._get_prefetcher()
     op = _Operator()
-    assert pf.attach(op)        # the top level splits its reads
+    assert pf.attach(op)[0]     # the top level splits its reads
     for kb in kbs:
         pf.hint(kb, 1e12)          # (later than any record used: not late)
     assert pf.pump(None, 1)
