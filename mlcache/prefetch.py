@@ -39,14 +39,15 @@ A staged value is installed only if the key is still absent, not deleted, not in
 buffer and not moved by a write since it was read (``WriteBack.moved_since``): a hint never
 installs over a newer value. Staging is bounded (``staged_max_keys``/``staged_max_bytes``).
 
-Costs per hint: one dict lookup (residency), one buffered sketch increment (+ a 4-row estimate
-for a resident key, while the filter is on), and for a resident key one policy hint (TAC: an
+Costs per hint: one dict lookup (residency), one sketch increment that also gives the key's
+estimate (4 counters, while the filter is on), and for a resident key one policy hint (TAC: an
 entry update, O(1); its heap item moves lazily) — no lock on these paths. A queued key costs
 one lock round and a dict insert; its fetch costs 1/batch_size of a batched read plus its
 decode and heap insert. Per use: a lock-free check of the buffer and one dict pop.
 
 * **Hot-key filter.** Every hint increments the 4-bit count-min sketch (:mod:`mlcache.sketch`,
-  aged by halving; increments buffered and applied in numpy batches). A *resident* key whose
+  aged by halving; each increment applied at once, in Python: a buffered batch paused the
+  record that applied it). A *resident* key whose
   counters all exceed ``prefetch.hot_threshold`` is hot enough to stay resident without help, so
   its hint is dropped: no policy hint, no lock. A hot key that is *not* resident is still
   fetched — in a process the residency check is a dict lookup, so unlike an upstream operator

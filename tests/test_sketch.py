@@ -257,3 +257,39 @@ def test_additions_skip_keys_whose_counters_are_all_saturated(filler):
     cold = [k for k in range(2000, 3000) if s.frequency_of_mixed(s.mix(k)) == 0][:filler + 2]
     s.increment_counts({2: 7, **{k: 1 for k in cold}})  # 2 is saturated: only the cold ones
     assert len(cold) == filler + 2 and s.additions == 3 + 15 + filler + len(cold)
+
+
+@pytest.mark.parametrize("capacity", [16, 300, 4096])
+def test_add_hash_counts_as_the_batched_path_and_returns_the_estimate(capacity):
+    """add_hash (one use now, in Python: the hot-key filter's per-hint path) writes the same
+    counters as increment_hashes, saturating at 15, and returns the estimate after the use."""
+    rng = random.Random(capacity)
+    hashes = [hash(("k", rng.randrange(capacity * 3))) for _ in range(capacity * 4)]
+    hashes += [hash("hot")] * 40
+    one, batch = FrequencySketch(capacity, seed=5), FrequencySketch(capacity, seed=5)
+    one.sample_size = batch.sample_size = 10 ** 9     # compare the counters, not the aging
+    for h in hashes:
+        assert one.add_hash(h) == one.frequency_of_hash(h)
+    batch.increment_hashes(hashes)
+    assert one.table == batch.table
+    assert one.frequency_of_hash(hash("hot")) == 15
+    assert 0 < one.additions <= len(hashes)
+
+
+def test_add_hash_ages_the_sketch_like_the_batched_path():
+    s, twin = FrequencySketch(64, seed=1), FrequencySketch(64, seed=1)
+    twin.sample_size = 10 ** 9
+    hashes = [hash((7, i % 300)) for i in range(s.sample_size)]
+    for h in hashes:
+        s.add_hash(h)
+        twin.add_hash(h)
+        if s.resets:
+            break
+    assert s.resets == 1 and s.additions == s.sample_size // 2
+    twin.reset()                          # the same counters, halved once
+    assert s.table == twin.table
+    saturated = FrequencySketch(64, seed=1)
+    for _ in range(30):
+        saturated.add_hash(12345)
+    assert saturated.additions == 15      # a use whose counters are all at 15 is no addition
+    assert saturated.frequency_of_hash(12345) == 15
