@@ -30,7 +30,7 @@ queued or half the depth was read since the last one (at once when the input is 
 never including the key of the record it is about to hand over: that record's own wait stays in
 its own get. With split reads (an unbounded Redis on top) a batch is sent in one record and its
 reply taken in a later one; a record whose key is in the read still out waits for that reply.
-The records are read ahead 16 at a time, and a record does at most one of the heavier tasks
+The records are read ahead 8 at a time, and a record does at most one of the heavier tasks
 (taking a reply, installing, sending a batch, reading ahead): the slowest records are the
 operator's tail latency, and the median record carries none of them. Inline, latency and slack
 are measured from the start of the read (the operator chose when to read), and the depth is
@@ -52,19 +52,15 @@ __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
 # staged reads installed per record handed over: more than the keys a record can add, so the
 # stage drains as fast as the fetch threads fill it
 _INSTALL_PER_RECORD = 8
-# the same with split reads (their batches are small and come in use order). Each task makes
-# its record slow, so fewer, larger ones keep more records free of any: with 4 (and reads
-# ahead 16 at a time, polls every 8th record) ~18% of ysb's records carry a task instead of
-# ~34%, and the median record is a lighter one (p50 keyed / cache-LRU 1.18-1.39 -> 1.02-1.20
-# in three paired runs, throughput +3-12%, p999 within noise: see keyed-prefetching.md)
-_INSTALL_SPLIT = 4
-# records between two polls of an outstanding split read (its reply takes ~15 to come)
-_POLL_EVERY = 8
+# the same with split reads (their batches are small and come in use order)
+_INSTALL_SPLIT = 2
+# records between two polls of an outstanding split read
+_POLL_EVERY = 4
 # buffered heap hits replayed to the policy by the operator between records (the manager
 # replays them itself at 64, inside a get)
 _REPLAY_AT = 16
 # records read ahead at a time, once the read-ahead falls below the depth
-_READ_CHUNK = 16
+_READ_CHUNK = 8
 
 
 def _bad_ts(t: Any) -> bool:

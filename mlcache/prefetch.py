@@ -23,7 +23,7 @@ checks residency itself and calls ``submit`` for absent keys)::
          │  Redis: RedisLevel.start_get_many) as *split reads*: an MGET of 16 keys (more
          │  when a backlog queued) is sent between two records, its reply taken (without
          │  blocking) between later ones
-         │  and staged, installed 4 per record (BatchReads._start_split / poll_read);
+         │  and staged, installed 2 per record (BatchReads._start_split / poll_read);
          │  otherwise manager._load_into_heap(batch, prefetch=True), keys inserted clean
          │  into the heap at once, then hinted with their own ts
          └─ fetch threads (reads that wait; hints without an operator): with an operator
