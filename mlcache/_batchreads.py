@@ -197,7 +197,7 @@ class BatchReads:
                     if not was_used:
                         self._landed[kb] = t0
             self.counters["prefetched"] += len(loaded)
-            later = self._finish(keys)       # after _landed: see _use's fast path
+            later = self._finish(keys)       # after _landed: see note_use's fast path
         if later:
             self._hint_later(m, later)
         if now - self._cold._last_sweep > _SWEEP_INTERVAL:

@@ -233,6 +233,7 @@ class Lookahead(Iterator[Any]):
         # Without ts= a record's event time is a sequence number drawn from the manager, so
         # operators run one after the other (or side by side) on one manager share one clock.
         self._seq = getattr(self._m, "_event_seq", None) or itertools.count()
+        self._advance = getattr(self._m, "_advance_clock", None)
         self._key = key
         self._ts = ts
         self._queue: deque[tuple] = deque()
@@ -384,23 +385,15 @@ class Lookahead(Iterator[Any]):
         # The record's get/put calls that follow happen at its event time: an event-time
         # policy (TAC) stamps those without ts= with it, so an entry just used is older than
         # every entry hinted for a record still read ahead.
-        m = self._m
-        advance = m._advance
-        if advance is not None:
-            # the manager's _advance_clock, written out (a call less on every record): hits
-            # buffered before are replayed first, at the time they happened
-            if m._reads:
-                with m._lock:
-                    m._apply_reads()
-            advance(t)
+        if self._advance is not None:
+            self._advance(t)
         pf = self._pf
         if pf is None:
             return rec
         r = pf._reading
         if r is not None and kb in r.wanted:
             pf.poll_read(block=True)    # this record's key is in the read on its way: wait
-        pf._noted = kb                   # this record's own get is not counted twice
-        slack = pf._use(kb, t)
+        slack = pf.note_use(kb, t)
         if pf._failed:
             self._recover(kb, i)
         ctl = self.controller

@@ -211,7 +211,7 @@ class StagedReads:
                     self._failed[kb] = error
             for kb in keys:
                 self._used_inflight.discard(kb)
-            later = self._finish(keys)       # after staging: see _use's fast path
+            later = self._finish(keys)       # after staging: see note_use's fast path
         if later:
             self._hint_later(m, later)
 

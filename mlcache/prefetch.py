@@ -78,7 +78,7 @@ decode and heap insert. Per use: a lock-free check of the buffer and one dict po
   *wasted* if it is evicted unused (found by a periodic sweep), and a use is *late* if the key
   was still queued or in flight. *Slack* is the time from the first hint to the use; *fetch
   latency* the time from the first hint to the key being resident. Both are kept in bounded
-  windows for percentiles. Uses are reported by the lookahead operator (``_use``, with ``_noted``) and by
+  windows for percentiles. Uses are reported by the lookahead operator (``note_use``) and by
   the manager's get (``note_get``, for keys hinted with a bare ``hint``): a heap hit checks one
   dict only while unused prefetches exist, a miss asks whether the key is queued.
 * **Failures.** A prefetch batch that raises is counted and its keys remembered; the lookahead
@@ -150,7 +150,7 @@ def quantile(data: list[float], q: float) -> float | None:
 
 
 class _Cold:
-    """The prefetcher's state that the per-record paths (``hint``, ``_use``, ``pump``)
+    """The prefetcher's state that the per-record paths (``hint``, ``note_use``, ``pump``)
     read at most once a batch: settings, staging bounds, latency windows, fork and thread
     bookkeeping, and the inline-batch measures.
 
@@ -482,14 +482,16 @@ class Prefetcher(BatchReads, StagedReads):
             # read already, waiting for the operator to install it: decode it now, no I/O
             self.install_keys([kb])
 
-    def _use(self, kb: bytes, ts: float | None) -> float | None:
-        """A record needing ``kb`` (at event time ``ts``) reached the stateful step (the
-        lookahead operator sets ``_noted`` to ``kb`` first, so its record's own get is not
-        counted twice; see :meth:`note_get`).
+    def note_use(self, kb: bytes, ts: float | None = None) -> float | None:
+        """A record needing ``kb`` (at event time ``ts``) reached the stateful step.
 
         Advances the watermark, classifies the prefetch (useful / late) and returns the slack in
         seconds if the key had been hinted, else ``None``.
         """
+        self._noted = kb
+        return self._use(kb, ts)
+
+    def _use(self, kb: bytes, ts: float | None) -> float | None:
         if ts is not None and ts > self.watermark:
             self.watermark = ts
         buf = self._buffer
