@@ -25,7 +25,9 @@ large one). Estimates stay plain Python indexing into the ``bytearray``
 admission needs one or two per miss and a numpy call per miss would cost more than it saves.
 Callers add the exact count of the increments still in their buffer to an estimate, so
 buffering does not blur admission. Numpy's fixed cost per call dominates small batches:
-callers should drain thousands of keys at a time, not hundreds.
+callers should drain thousands of keys at a time, not hundreds. A caller that must never
+pause (applying thousands of increments takes ~0.5 ms) counts each use at once with
+:meth:`add_hash`, in plain Python, ~2 us a use.
 
 References: Cormode & Muthukrishnan, "An improved data stream summary: the count-min sketch"
 (2005); Caffeine's ``FrequencySketch`` (Ben Manes).
@@ -286,7 +288,7 @@ class FrequencySketch:
             c += 1
         f = c
         i = (i + b) & mask
-        x = t[i]                  # row 1: high nibble (re-read: row 0 may share the byte)
+        x = t[i]                  # row 1: high nibble of the first half
         c = x >> 4
         if c < 15:
             t[i] = x + 16
