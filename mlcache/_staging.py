@@ -130,13 +130,16 @@ class StagedReads:
             data, wb, loading = m._data, m._wb, m._cold.loading
             tomb = wb.tombstones
             queued = wb.buffer.pending[0] if wb.levels else None
+            loans = m._cold.loans
             for kb in keys:
                 if kb in data:
                     if self._policy_hints:
                         m._policy_hint(kb, meta[kb][0])
                 elif kb in tomb or kb in loading or kb in self._staged:
                     continue        # deleted, being read by someone else, or read already
-                elif queued and kb in queued:
+                elif (queued and kb in queued) or (loans and kb in loans):
+                    # (lent: the held object is the key's value, perhaps changed since it
+                    # was written; it goes back into the heap, as a get takes it back)
                     rescue.append(kb)
                 else:
                     mine.append(kb)
@@ -290,7 +293,8 @@ class StagedReads:
         """Decode staged reads and insert those still exact into the heap, clean.
 
         A staged value is dropped if the key is resident (written or loaded meanwhile: that is
-        newer or the same), deleted, in the eviction buffer (written and evicted: newer), or
+        newer or the same), deleted, in the eviction buffer (written and evicted: newer), lent
+        (held by a caller since it left the heap: that object is the key's value), or
         moved between levels by a write since it was read (``wseq``/``moved_since``); the next
         get then reads it the usual way. ``used``: a record is waiting for these keys (their
         use was counted already).
@@ -319,8 +323,11 @@ class StagedReads:
             moved_by: dict[int, Any] = {}
             hint = m._heap.policy.hint if self._policy_hints and m._heap is not None else None
             admit = m._admit
+            loans = m._cold.loans
             for (kb, raw, ts, t0, seq), value in decoded:
-                if kb in data or kb in tomb or (queued and kb in queued):
+                # (lent since it was read: the held object is the key's value, not this copy)
+                if kb in data or kb in tomb or (queued and kb in queued) or (
+                        loans and kb in loans):
                     dropped += 1
                     continue
                 if wseq != seq or seq & 1:
