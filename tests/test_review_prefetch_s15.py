@@ -9,8 +9,11 @@ import time
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mlcache import CacheConfig, CacheManager, DiskConfig, HeapConfig, PrefetchConfig, RedisConfig
+from mlcache.prefetch import prefetching
 
 
 class _Operator:
@@ -75,3 +78,153 @@ def test_a_staged_prefetch_never_installs_the_older_copy_over_a_held_value(
         assert m.get("card") == [1, 2]
     with CacheManager(cfg) as again:
         assert again.get("card") == [1, 2]
+
+
+# -- the differential program: records through prefetching(...) against a plain dict --------
+
+_KEYS = 12
+
+
+def _layout(kind, redis_url, tmp, ns, entries, policy, hot):
+    heap = HeapConfig(policy=policy, max_entries=entries, max_bytes=None)
+    pf = PrefetchConfig(hot_threshold=hot, batch_size=8,
+                        fetch_mode="threads" if kind == "disk-threads" else "auto")
+    if kind == "redis":            # unbounded: split reads
+        levels = (RedisConfig(url=redis_url, prefix=ns),)
+    elif kind == "redis-bounded":  # whole batches, read inline
+        levels = (RedisConfig(url=redis_url, prefix=ns, max_bytes=4000),
+                  DiskConfig(path=str(tmp / (ns + "b"))))
+    else:
+        levels = (DiskConfig(path=str(tmp / ns)),)
+    return CacheConfig(heap=heap, levels=levels, namespace=ns, prefetch=pf)
+
+
+_OPS = ["inc", "append", "hold", "poke", "poke", "del", "put", "peek"]
+_step = st.tuples(st.integers(0, _KEYS - 1), st.sampled_from(_OPS), st.integers(0, 99))
+
+
+class _Program:
+    """Runs records against the manager and a dict model, comparing after every record."""
+
+    def __init__(self, m):
+        self.m = m
+        self.model: dict = {("k", k): [k] for k in range(_KEYS)}
+        self.held: list = []     # (the manager's object, the model's object)
+        m.put_many({key: list(v) for key, v in self.model.items()})
+        m.flush()                # (below the heap: what prefetches read)
+
+    def step(self, rec):
+        m, model = self.m, self.model
+        k, op, x = rec
+        key = ("k", k)
+        if op == "inc":            # read-modify-write through put
+            v = m.get(key)
+            mv = model.get(key)
+            assert (v is None) == (mv is None), (rec, v, mv)
+            if v is None:
+                m.put(key, [x])
+                model[key] = [x]
+            else:
+                m.put(key, v + [x])
+                model[key] = mv + [x]
+        elif op == "append":       # read-modify-write in place
+            v = m.get(key)
+            mv = model.get(key)
+            assert v == mv, (rec, v, mv)
+            if v is not None:
+                v.append(x)
+                mv.append(x)
+        elif op == "hold":         # keep the object; it is changed later, after evictions
+            v = m.get(key)
+            mv = model.get(key)
+            assert v == mv, (rec, v, mv)
+            if v is not None:
+                self.held.append((v, mv))
+                del self.held[:-4]
+        elif op == "poke":         # change a held object (perhaps no longer the key's value)
+            if self.held:
+                v, mv = self.held[x % len(self.held)]
+                v.append(-x)
+                mv.append(-x)
+        elif op == "del":
+            m.delete(key)
+            model.pop(key, None)
+        elif op == "put":
+            m.put(key, [x, x])
+            model[key] = [x, x]
+        else:
+            assert m.get(key) == model.get(key), rec
+        assert m.get(key) == model.get(key), rec
+
+    def check_all(self):
+        got = self.m.get_many([("k", k) for k in range(_KEYS)])
+        want = {k: v for k, v in self.model.items()}
+        assert got == want
+
+
+_KINDS = ["redis", "redis-bounded", "disk", "disk-threads"]
+_POLICIES = ["lru", "tac", "wtinylfu", "clock"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(_KINDS), entries=st.integers(2, 8), policy=st.sampled_from(_POLICIES),
+       hot=st.integers(0, 16),
+       streams=st.lists(st.lists(_step, max_size=120), min_size=1, max_size=3),
+       cut=st.integers(0, 60), interleave=st.booleans())
+def test_records_through_operators_match_a_dict(redis_server, tmp_path_factory, kind, entries,
+                                                policy, hot, streams, cut, interleave):
+    _run(_layout(kind, redis_server.url, tmp_path_factory.mktemp("p"), _ns(), entries, policy,
+                 hot), streams, cut, interleave)
+
+
+@pytest.mark.parametrize("kind", ["redis", "disk-threads"])
+def test_long_random_streams_match_a_dict(redis_server, tmp_path, kind):
+    # (longer than hypothesis's programs: held values evicted, changed and read ahead again;
+    # before the staged reads checked the loans, seeds 4, 7 and 11 failed with split reads, 7 with
+    # the fetch threads)
+    import random
+
+    for seed in range(14):
+        rng = random.Random(seed)
+        cfg = _layout(kind, redis_server.url, tmp_path, _ns(), rng.randint(2, 8),
+                      rng.choice(_POLICIES), rng.randint(0, 16))
+        stream = [(rng.randrange(_KEYS), rng.choice(_OPS), rng.randrange(100))
+                  for _ in range(400)]
+        _run(cfg, [stream], cut=-1, interleave=False)
+
+
+def _run(cfg, streams, cut, interleave):
+    with CacheManager(cfg) as m:
+        prog = _Program(m)
+
+        def key(r):
+            return ("k", r[0])
+
+        if interleave and len(streams) > 1:
+            # two operators on one thread, records taken from each in turn
+            its = [prefetching(s, key=key, cache=m) for s in streams[:2]]
+            live = list(its)
+            while live:
+                for it in list(live):
+                    try:
+                        rec = next(it)
+                    except StopIteration:
+                        live.remove(it)
+                        continue
+                    prog.step(rec)
+        else:
+            for i, s in enumerate(streams):
+                it = prefetching(s, key=key, cache=m)
+                for j, rec in enumerate(it):
+                    prog.step(rec)
+                    if i == 0 and j == cut:
+                        break          # abandoned mid-stream (never closed)
+                prog.check_all()
+        prog.check_all()
+        m.flush()
+        prog.check_all()
+        st_ = m.stats()["prefetch"]
+        assert st_["failures"] == 0
+    want = {k: v for k, v in prog.model.items()}
+    with CacheManager(cfg) as again:
+        assert again.get_many([("k", k) for k in range(_KEYS)]) == want
