@@ -252,3 +252,16 @@ def test_keys_of_non_ascii_digits_stay_strings_and_csv_keys_are_free_text(tmp_pa
     csv_path = _write(tmp_path / "k.csv", "user_1,1.0\ncaf\u00e9,2.0,3\n")
     t = read_trace(f"csv:{csv_path}")
     assert t.keys == ["user_1", "caf\u00e9"] and t.ts == [1.0, 2.0] and t.weights == [1, 3]
+
+
+def test_the_command_names_every_trace_form_it_takes_when_a_format_is_unknown(tmp_path):
+    # mlcache simulate --trace foo:PATH listed only the file formats, not gen: and phase:
+    from mlcache.sim.cli import load_trace
+
+    with pytest.raises(ConfigError) as info:
+        load_trace(f"parquet:{tmp_path}")
+    message = str(info.value)
+    assert "'parquet'" in message and "lirs" in message
+    assert "gen:NAME" in message and "zipf" in message and "phase:SPEC_A,SPEC_B" in message
+    with pytest.raises(ConfigError, match="no such trace file"):
+        load_trace(f"LIRS:{tmp_path / 'missing'}")   # a known format, any case: read_trace's

@@ -24,7 +24,7 @@ from mlcache.errors import ConfigError
 
 from . import generators
 from .player import SimResult, make_policy, play
-from .readers import Trace, TraceFormatError, read_trace
+from .readers import FORMATS, Trace, TraceFormatError, read_trace
 
 __all__ = ["main", "load_trace", "simulate"]
 
@@ -55,6 +55,11 @@ def load_trace(spec: str, *, skip_bad_lines: bool = False, requests: int = 1_000
         if rest not in _GENERATORS:
             raise ConfigError("trace", f"unknown generator {rest!r}; known: {sorted(_GENERATORS)}")
         return _GENERATORS[rest](requests)
+    if sep and fmt.lower() not in FORMATS:
+        # (read_trace names only the file formats: this command also takes gen: and phase:)
+        raise ConfigError("trace", f"unknown trace format {fmt!r}; known: FORMAT:PATH with "
+                          f"FORMAT in {sorted(FORMATS)}, gen:NAME (NAME in "
+                          f"{sorted(_GENERATORS)}) or phase:SPEC_A,SPEC_B")
     return read_trace(spec, skip_bad_lines=skip_bad_lines)
 
 
