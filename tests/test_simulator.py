@@ -265,3 +265,18 @@ def test_the_command_names_every_trace_form_it_takes_when_a_format_is_unknown(tm
     assert "gen:NAME" in message and "zipf" in message and "phase:SPEC_A,SPEC_B" in message
     with pytest.raises(ConfigError, match="no such trace file"):
         load_trace(f"LIRS:{tmp_path / 'missing'}")   # a known format, any case: read_trace's
+
+
+def test_simulate_help_is_plain_text_naming_the_trace_forms(capsys):
+    # the description was the module docstring's first line, with its reST ``backquotes``
+    from mlcache.sim.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and "%%" not in out
+    assert "Replay a trace through cache policies" in out
+    for form in ("arc", "lirs", "gen:NAME", "scrambled-zipf", "phase:SPEC_A,SPEC_B"):
+        assert form in out
+    assert "(default: 250,500,1000)" in out

@@ -149,19 +149,30 @@ def _plot(path: str, trace: Trace, results: list[SimResult]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mlcache simulate", description=__doc__.splitlines()[0])
+    # (the help text was the module docstring's first line, reST backquotes and all)
+    parser = argparse.ArgumentParser(
+        prog="mlcache simulate",
+        description="Replay a trace through cache policies at several sizes: a table of hit %, "
+                    "evictions and time per (policy, size), the rows as CSV and a PNG plot of "
+                    "hit ratio against size.",
+        epilog=f"Traces: FORMAT:PATH with FORMAT one of {', '.join(sorted(FORMATS))} (gzip is "
+               f"detected); gen:NAME, a synthetic trace of --requests requests, NAME one of "
+               f"{', '.join(sorted(_GENERATORS))}; phase:SPEC_A,SPEC_B, A then B then A again "
+               f"(each its first --requests requests). Example: mlcache simulate --trace "
+               f"arc:oltp.arc.gz --policies lru,wtinylfu,belady --sizes 250,500,1000")
     parser.add_argument("--trace", required=True,
                         help="FORMAT:PATH, gen:NAME or phase:SPEC_A,SPEC_B")
     parser.add_argument("--policies", default="lru,clock,wtinylfu,tac,belady",
-                        help="comma-separated registered policy names")
-    parser.add_argument("--sizes", default="250,500,1000", help="comma-separated cache sizes")
+                        help="comma-separated registered policy names (default: %(default)s)")
+    parser.add_argument("--sizes", default="250,500,1000", help="comma-separated cache sizes (default: %(default)s)")
     parser.add_argument("--csv", metavar="PATH", help="CSV output (default: <trace>-sim.csv)")
     parser.add_argument("--plot", metavar="PATH", help="PNG output (default: <trace>-sim.png)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip malformed trace lines (counted) instead of failing")
     parser.add_argument("--requests", type=int, default=1_000_000,
-                        help="length of a generated trace (gen:NAME)")
+                        help="length of a generated trace, or of each part of a phase trace "
+                             "(default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
