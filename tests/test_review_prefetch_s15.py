@@ -323,3 +323,62 @@ def test_a_reply_cut_anywhere_reads_as_redis_py_would(values, cuts, resp3):
     finally:
         a.close()
         b.close()
+
+
+def test_two_threads_with_operators_on_disjoint_keys_match_their_dicts(redis_server, tmp_path):
+    """Two operators on two threads share one manager (heap of 2-8, split reads, staged reads,
+    held values), each over its own keys: each thread's dict is the truth for its keys."""
+    import random
+    import threading
+
+    for seed in range(24):
+        rng = random.Random(seed)
+        kind = _KINDS[seed % len(_KINDS)]
+        cfg = _layout(kind, redis_server.url, tmp_path, _ns(), rng.randint(2, 8),
+                      rng.choice(_POLICIES), rng.randint(0, 16))
+        errors: list = []
+        with CacheManager(cfg) as m:
+            progs = [_Program(m) for _ in range(2)]   # (each puts and flushes the start state)
+
+            def work(tid, prog, r2, errors=errors):
+                prog.model = {k: v for k, v in prog.model.items() if k[1] % 2 == tid}
+                stream = [(2 * r2.randrange(_KEYS // 2) + tid, r2.choice(_OPS), r2.randrange(100))
+                          for _ in range(300)]
+                try:
+                    for rec in prefetching(stream, key=lambda r: ("k", r[0]), cache=m):
+                        prog.step(rec)
+                except Exception as exc:  # noqa: BLE001  (reported below, on the test's thread)
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=work, args=(i, progs[i], random.Random(seed + i)))
+                       for i in range(2)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            assert not errors, (seed, kind, errors)
+            want = {**progs[0].model, **progs[1].model}
+            assert m.get_many([("k", k) for k in range(_KEYS)]) == want
+        with CacheManager(cfg) as again:
+            assert again.get_many([("k", k) for k in range(_KEYS)]) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(keys=st.lists(st.integers(0, 50), max_size=400), seed=st.integers(0, 3))
+def test_add_hash_never_counts_below_the_uses_until_it_ages(keys, seed):
+    """A count-min sketch never underestimates: before any halving, each key's estimate is
+    at least its number of uses (capped at 15), as a Counter counts them."""
+    from collections import Counter
+
+    from mlcache.sketch import FrequencySketch
+
+    s = FrequencySketch(16, seed=seed)
+    s.sample_size = 10 ** 9
+    seen: Counter = Counter()
+    for k in keys:
+        h = hash(("key", k))
+        seen[h] += 1
+        est = s.add_hash(h)
+        assert est == s.frequency_of_hash(h) and est >= min(seen[h], 15)
+    for h, n in seen.items():
+        assert s.frequency_of_hash(h) >= min(n, 15)
