@@ -81,6 +81,7 @@ class BatchReads:
     _stage: Callable[..., int]
     _staged_done: Callable[..., None]
     _install_loaded: Callable[[Any, dict, dict], None]
+    _drop_all_staged: Callable[[], None]
 
     # -- fetch threads ----------------------------------------------------------------------
 
@@ -103,6 +104,8 @@ class BatchReads:
             while True:
                 if self._closed or self._cold._pid != os.getpid():
                     return None
+                if self._reading is not None and not self._cold._consumers:
+                    return []      # a split read no operator will take: _take_left_read
                 if self._buffer.pending and not self._demand and not self._thread_idle():
                     batch, late = self._buffer.take(self._cold.config.batch_size,
                                                     self.watermark - lateness)
@@ -413,6 +416,20 @@ class BatchReads:
         finally:
             self._cold._read_lock.release()
 
+    def _take_left_read(self) -> None:
+        """Fetch thread: a split read is out and no operator is attached to take its reply
+        (one stopped without ``close()``: a loop over it left by an exception or a break,
+        the operator then collected). Take it here: else its keys stayed in flight for good
+        (a later hint of one was taken and never read) and the reply unread on the
+        connection. With still no operator attached, what it staged has nobody to wait for
+        (as at the last ``detach``)."""
+        if not self.poll_read(block=True):
+            time.sleep(0.05)     # another thread is taking it
+            return
+        with self._cond:
+            if not self._cold._consumers:
+                self._drop_all_staged()
+
     def _drop_read(self) -> None:
         """Give up the outstanding split read (closing, or after a fork: the parent's)."""
         r = self._reading
@@ -504,5 +521,8 @@ def _fetch_loop(pref: weakref.ref[Prefetcher]) -> None:
         batch = p._next_batch()
         if batch is None:
             return
-        p._fetch(batch)
+        if batch:
+            p._fetch(batch)
+        else:
+            p._take_left_read()
         del p

@@ -80,11 +80,15 @@ class StagedReads:
             self._cold._consumers.discard(operator)
             if self._cold._consumers:
                 return
-            self.counters["staged_dropped"] += len(self._staged)
-            self._staged.clear()
-            self._staged_later.clear()
-            self._staged_bytes = 0
-            self._cond.notify_all()
+            self._drop_all_staged()
+
+    def _drop_all_staged(self) -> None:
+        """Lock held, no operator attached: staged reads have nobody to install them."""
+        self.counters["staged_dropped"] += len(self._staged)
+        self._staged.clear()
+        self._staged_later.clear()
+        self._staged_bytes = 0
+        self._cond.notify_all()
 
     def _fetch_staged(self, m: Any, batch: list[tuple[bytes, float, float]],
                       t_start: float) -> None:

@@ -382,3 +382,43 @@ def test_add_hash_never_counts_below_the_uses_until_it_ages(keys, seed):
         assert est == s.frequency_of_hash(h) and est >= min(seen[h], 15)
     for h, n in seen.items():
         assert s.frequency_of_hash(h) >= min(n, 15)
+
+
+def test_a_split_read_left_out_by_an_abandoned_operator_is_taken_by_the_fetch_threads(
+        redis_server):
+    # Regression: a loop over prefetching(...) that ends by an exception (or a break, never
+    # closing the operator) could leave its split read out, and with no operator left nobody
+    # took the reply: the read's keys stayed in flight for good, so a manager.hint of any of
+    # them was taken ("queued") and never read, and the reply sat unread on the connection.
+    import gc
+
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=8, max_bytes=None),
+                      levels=(RedisConfig(url=redis_server.url, prefix=_ns()),), namespace=_ns(),
+                      prefetch=PrefetchConfig(batch_size=8))
+    with CacheManager(cfg) as m:
+        m.put_many({("k", i): i for i in range(400)})
+        m.flush()
+        pf = m._get_prefetcher()
+
+        def user_loop():
+            for r in prefetching(list(range(400)), key=lambda r: ("k", r), cache=m):
+                assert m.get(("k", r)) == r
+                if pf._reading is not None:
+                    raise KeyError("the user's step failed")
+
+        with pytest.raises(KeyError):
+            user_loop()
+        gc.collect()
+        r = pf._reading
+        assert r is not None and not pf._cold._consumers   # left out, nobody attached
+        keys = [k for k in range(400) if m._kb(("k", k)) in set(r.mine)]
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            for k in keys:
+                m.hint(("k", k), 1e9)
+            if all(m._kb(("k", k)) in m._data for k in keys[-4:]):
+                break
+            time.sleep(0.05)
+        assert pf._reading is None and not pf._buffer.inflight
+        assert all(m._kb(("k", k)) in m._data for k in keys[-4:])   # (the heap holds 8)
+        assert [m.get(("k", k)) for k in keys] == keys
