@@ -83,7 +83,7 @@ def _heap(policy: str, **kw) -> HeapLevel:
 
 
 def test_heap_insert_many_matches_insert():
-    for policy in ("wtinylfu", "lru", "clock"):
+    for policy in ("wtinylfu", "lru", "clock", "tac"):   # (wtinylfu and tac: their own batch)
         for kw in ({"max_entries": 50, "max_bytes": None}, {"max_entries": None,
                                                           "max_bytes": 20_000}):
             one, many = _heap(policy, **kw), _heap(policy, **kw)

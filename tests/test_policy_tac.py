@@ -150,3 +150,57 @@ def test_front_and_now_tell_where_the_evictions_and_the_clock_are():
     assert p.front() == 9.0 and p.timestamp("a") == 20.0
     p.advance(12.0)
     assert p.now == 12.0
+
+
+BATCH_OPS = st.lists(st.tuples(st.sampled_from(["batch", "batch_now", "access", "hint", "remove",
+                                                "insert", "weighted", "advance"]),
+                               st.integers(0, 12), st.integers(1, 6), st.integers(0, 40)),
+                     min_size=5, max_size=60)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=BATCH_OPS, capacity=st.integers(1, 20))
+def test_insert_many_of_fresh_keys_matches_inserting_them_one_by_one(ops, capacity):
+    # insert_many(fresh=True) takes the batch in one pass and evicts once: the same keys stay
+    # (and the same leave) as key by key, checked against the definition, weighted entries
+    # resident or not
+    p, ref = TACPolicy(capacity), Reference(capacity)
+    fresh_key = iter(range(1000, 10**6))
+    for op, key, n, t in ops:
+        ts = float(t)
+        if op in ("batch", "batch_now"):
+            keys = [next(fresh_key) for _ in range(n * 3)]   # distinct, never resident
+            lost = p.insert_many(keys, ts if op == "batch" else None, fresh=True)
+            want: list = []
+            for k in keys:
+                want.extend(ref.insert(k, 1, ts if op == "batch" else None))
+            assert sorted(lost) == sorted(dict.fromkeys(want))
+        elif op == "insert":
+            assert p.insert(key, 1, ts) == ref.insert(key, 1, ts)
+        elif op == "weighted":
+            assert p.insert(key, n, ts) == ref.insert(key, n, ts)
+        elif op == "access":
+            p.access(key, ts), ref.access(key, ts)
+        elif op == "hint":
+            p.hint(key, ts), ref.hint(key, ts)
+        elif op == "advance":
+            p.advance(ts), ref.advance(ts)
+        else:
+            p.remove(key), ref.remove(key)
+        assert sorted(p.keys()) == sorted(ref.entries)
+        assert all(p.timestamp(k) == e[0] for k, e in ref.entries.items())
+        assert p.total_weight == sum(e[2] for e in ref.entries.values())
+        if ref.entries:
+            assert p.next_victim() == min(ref.entries, key=lambda k: ref.entries[k][:2])
+
+
+def test_insert_many_of_keys_not_known_fresh_reports_each_key_that_left_once():
+    p = TACPolicy(3)
+    p.insert("a", 1, 1.0)
+    # "a" is resident (renewed, not added), "b" comes twice: neither is fresh
+    lost = p.insert_many(["a", "b", "c", "b", "d", "e"], 2.0)
+    # a renewed (seq 2), b, c added, b renewed, d evicts a, e evicts c
+    assert lost == ["a", "c"]
+    assert sorted(p.keys()) == ["b", "d", "e"]
+    p.insert_many(["f", "f"], 3.0)      # the same key twice, not fresh: it left once at most
+    assert sorted(p.keys()) == ["d", "e", "f"]
