@@ -20,7 +20,9 @@ the key is put or deleted again:
 
 A victim nobody holds is not lent (the usual case: one reference count read per mutable
 victim), and neither is a value that a ``put_many`` evicted within the same call (the batch,
-and the caller's mapping, reference it; that is not the caller holding it). A value read from
+and the caller's mapping, reference it; that is not the caller holding it), nor one object
+shared by every key holding it (:func:`shared_object`: the empty tuple, an enum member, a
+class, a function), whose reference count no caller explains. A value read from
 below that the heap did not admit (heavier than the heap, or declined by the policy) is lent
 at once: it is being returned, so it is held by definition.
 
@@ -35,11 +37,28 @@ heap and after an operation that held its pages.
 from __future__ import annotations
 
 import sys
+import types
+from enum import Enum
 from typing import Any
 
 from .codec import Encoded
 
-__all__ = ["Loans", "VICTIM_REFS", "LOAN_REFS", "same_encoding"]
+__all__ = ["Loans", "VICTIM_REFS", "LOAN_REFS", "same_encoding", "shared_object"]
+
+_BY_REFERENCE = frozenset((types.FunctionType, types.BuiltinFunctionType, type(Ellipsis),
+                           type(NotImplemented)))
+
+
+def shared_object(value: Any) -> bool:
+    """Whether ``value`` is one object shared by every key that holds it, and decoded to that
+    same object: the empty tuple, an enum member, a class or a function (pickled by
+    reference). Its reference count is high for good (its class, the interpreter, every entry
+    holding it), so it would look held, each key's loan kept until the key is written again:
+    one per key ever read. And lending it keeps nothing: it cannot change in a way its
+    encoding shows, and a read gives back the very same object."""
+    t = type(value)
+    return ((t is tuple and not value) or t in _BY_REFERENCE
+            or isinstance(value, (type, Enum)))
 
 _MIN_CHECK = 64
 

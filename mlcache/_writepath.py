@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from sys import getrefcount
 from typing import Any
 
-from ._loans import LOAN_REFS, VICTIM_REFS, same_encoding
+from ._loans import LOAN_REFS, VICTIM_REFS, same_encoding, shared_object
 from ._readpath import IMMUTABLE, Digests, event_time, same_bytes
 from .errors import CacheError, SerializationError
 
@@ -265,6 +265,8 @@ class WritePath:
         """Lock held: ``value`` left the heap (or was not admitted) while someone holds it;
         ``stored``: its encoding as written (``n`` bytes), or that encoding's digest. See
         mlcache._loans."""
+        if shared_object(value):
+            return   # held by everyone for good, and a read gives it back: see shared_object
         if self._cold.loans.lend(kb, (value, stored, n)):
             self._check_loans(held_too=False)
 
