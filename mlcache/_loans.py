@@ -43,7 +43,7 @@ from typing import Any
 
 from .codec import Encoded
 
-__all__ = ["Loans", "VICTIM_REFS", "LOAN_REFS", "same_encoding", "shared_object"]
+__all__ = ["LOAN_REFS", "VICTIM_REFS", "Loans", "same_encoding", "shared_object"]
 
 _BY_REFERENCE = frozenset((types.FunctionType, types.BuiltinFunctionType, type(Ellipsis),
                            type(NotImplemented)))
@@ -106,14 +106,17 @@ class Loans(dict):
     """``kb -> (object, its last written encoding or that encoding's digest, its length)``
     (see :func:`same_encoding`); the manager's lock
     held for every use. A loan leaves by :meth:`pop` (or :meth:`clear`), which keep
-    ``nbytes``, the encoded size of what is lent, up to date.
+    ``nbytes``, the encoded size of what is lent, up to date, and ``lent``: how many loans
+    lend each object (by ``id``; one object put under two keys is lent under both, and each
+    loan's own reference is then no caller's), with ``shared`` the objects lent more than once
+    (a look reads ``lent`` only when there is one).
 
     When to look for loans nobody holds any more: once the count or the bytes lent grew by a
     quarter of what was held at the last look (at least ``_MIN_CHECK`` loans, or ``slack``
     bytes: the manager sets it from the heap's budget). So what waits to be forgotten stays
     within a quarter of what callers hold, plus that slack."""
 
-    __slots__ = ("check_at", "nbytes", "bytes_at", "slack", "lent_since")
+    __slots__ = ("bytes_at", "check_at", "lent", "lent_since", "nbytes", "shared", "slack")
 
     def __init__(self, slack: int = 1 << 20) -> None:
         super().__init__()
@@ -122,27 +125,57 @@ class Loans(dict):
         self.check_at = _MIN_CHECK
         self.bytes_at = slack
         self.lent_since = 0   # loans made since the last look
+        self.lent: dict[int, int] = {}   # id(object) -> the loans that lend it
+        self.shared = 0                  # objects lent by more than one loan
 
     def lend(self, kb: bytes, loan: tuple[Any, Any, int]) -> bool:
         """Add (or replace) a loan; whether it is time to look for forgotten ones."""
         old = super().get(kb)
         if old is not None:
             self.nbytes -= old[2]
+            if old[0] is not loan[0]:
+                self._unlent(old[0])
+                old = None
+        if old is None:   # (inlined: a lend per held victim)
+            lent, i = self.lent, id(loan[0])
+            n = lent[i] = lent.get(i, 0) + 1
+            if n == 2:
+                self.shared += 1
         self[kb] = loan
         self.nbytes += loan[2]
         self.lent_since += 1
         return len(self) >= self.check_at or self.nbytes >= self.bytes_at
+
+    def _unlent(self, obj: Any) -> None:
+        lent, i = self.lent, id(obj)
+        n = lent[i] - 1
+        if n:
+            lent[i] = n
+            if n == 1:
+                self.shared -= 1
+        else:
+            del lent[i]
 
     def pop(self, kb: bytes, default: Any = None) -> Any:  # type: ignore[override]
         loan = super().pop(kb, None)
         if loan is None:
             return default
         self.nbytes -= loan[2]
+        lent, i = self.lent, id(loan[0])   # (self._unlent(loan[0]), inlined)
+        n = lent[i] - 1
+        if n:
+            lent[i] = n
+            if n == 1:
+                self.shared -= 1
+        else:
+            del lent[i]
         return loan
 
     def clear(self) -> None:
         super().clear()
         self.nbytes = 0
+        self.lent.clear()
+        self.shared = 0
 
     def looked(self) -> None:
         """A look just ended: the next one when what is lent grew by a quarter."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable, Mapping
 from sys import getrefcount
 from typing import Any
@@ -280,31 +279,27 @@ class WritePath:
         if not loans:
             return
         codec, wb = self._codec, self._wb
-        # One object lent under several keys (v = get(a); put(b, v), both evicted): each
-        # loan's tuple is a reference the others' count would take for the caller's, and they
-        # would keep each other for good. Counted (once per look, only if an object looks
-        # held) and left out.
-        shared: Counter[int] | None = None
+        # One object lent under several keys (v = get(a); put(b, v), both evicted): the other
+        # loans' references are not the caller's, else they would keep each other for good.
+        lent = loans.lent if loans.shared else None
+        look_at_held = forget or held_too or lent is not None
         # (the loop's shape is what LOAN_REFS measured: keep the two alike)
         for kb in list(loans):
             if prefix is not None and not kb.startswith(prefix):
                 continue
             loan = loans[kb]
             obj = loan[0]
-            refs = getrefcount(obj)
-            if refs > LOAN_REFS:
-                if shared is None:
-                    shared = Counter([id(other[0]) for other in loans.values()])
-                refs -= shared[id(obj)] - 1
-            dead = refs <= LOAN_REFS
-            if not (dead or forget or held_too):
+            dead = getrefcount(obj) <= LOAN_REFS
+            if not (dead or look_at_held):
                 continue
+            if not dead and lent is not None:   # (the n loans of obj hold n - 1 of these)
+                dead = getrefcount(obj) - lent[id(obj)] < LOAN_REFS
+                if not (dead or forget or held_too):
+                    continue
             try:
                 raw = codec.encode_parts(obj)   # (large bytes stay the object's own)
             except SerializationError as exc:
                 loans.pop(kb)
-                if shared is not None:
-                    shared[id(obj)] -= 1
                 self._pin(kb, obj, exc)   # back in the heap, its error raised by the flush
                 continue
             stored = loan[1]
@@ -314,8 +309,6 @@ class WritePath:
                 stored = raw
             if dead or forget:
                 loans.pop(kb)
-                if shared is not None:
-                    shared[id(obj)] -= 1
             else:
                 loans.lend(kb, (obj, stored, len(raw)))
         loans.looked()
