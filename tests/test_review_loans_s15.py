@@ -233,9 +233,16 @@ class _Program:
             self.log.append("close, reopen")
             self.reopen()
         # a key is in the heap or lent, never both (a read would miss the newer one)
-        both = self.m._cold.loans.keys() & self.m._data.keys()
+        loans = self.m._cold.loans
+        both = loans.keys() & self.m._data.keys()
         if both:
             self.fail(f"lent and resident: {both}")
+        # and the loans' count of each object's loans is exact (see Loans.lend)
+        by_id: dict[int, int] = {}
+        for loan in loans.values():
+            by_id[id(loan[0])] = by_id.get(id(loan[0]), 0) + 1
+        if by_id != loans.lent or loans.shared != sum(n > 1 for n in by_id.values()):
+            self.fail(f"loans counted {loans.lent} ({loans.shared} shared), lent {by_id}")
 
     def reopen(self):
         self.m.close()
