@@ -207,7 +207,7 @@ class TACPolicy(BasePolicy):
                 out = insert(key, 1, ts)
                 if out:
                     lost.extend(out)
-            if lost and not fresh:
+            if lost:   # (a key may leave, come back and leave again, or come back to stay)
                 lost = [k for k in dict.fromkeys(lost) if k not in self._entries]
             return lost
         t = self._time(ts)
