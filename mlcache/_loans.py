@@ -161,14 +161,7 @@ class Loans(dict):
         if loan is None:
             return default
         self.nbytes -= loan[2]
-        lent, i = self.lent, id(loan[0])   # (self._unlent(loan[0]), inlined)
-        n = lent[i] - 1
-        if n:
-            lent[i] = n
-            if n == 1:
-                self.shared -= 1
-        else:
-            del lent[i]
+        self._unlent(loan[0])
         return loan
 
     def clear(self) -> None:

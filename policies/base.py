@@ -76,6 +76,22 @@ class BasePolicy:
     def keys(self) -> Iterator[Hashable]:  # pragma: no cover - overridden
         return iter(())
 
+    def _insert_each(self, keys: list, ts: float | None, fresh: bool) -> list:
+        """``insert(key, 1, ts)`` for each of ``keys``: the keys that left, each once (what an
+        ``insert_many`` does where its batched path does not apply)."""
+        lost: list = []
+        insert = self.insert  # type: ignore[attr-defined]  # (every policy has one)
+        for key in keys:
+            out = insert(key, 1, ts)
+            if out:
+                lost.extend(out)
+        if lost and not fresh:
+            # A key resident before the batch may leave, come back as a key of the batch and
+            # leave again, or stay: one result per key that is gone, none for a key still
+            # resident (distinct absent keys, as ``fresh`` promises, never do that).
+            lost = [k for k in dict.fromkeys(lost) if k not in self]  # type: ignore[operator]
+        return lost
+
 
 def _config_error(field: str, message: str) -> Exception:
     from mlcache.errors import ConfigError

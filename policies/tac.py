@@ -201,15 +201,7 @@ class TACPolicy(BasePolicy):
         removal fits -- what one eviction at the end removes.
         """
         if not fresh:
-            lost: list = []
-            insert = self.insert
-            for key in keys:
-                out = insert(key, 1, ts)
-                if out:
-                    lost.extend(out)
-            if lost:   # (a key may leave, come back and leave again, or come back to stay)
-                lost = [k for k in dict.fromkeys(lost) if k not in self._entries]
-            return lost
+            return self._insert_each(keys, ts, False)
         t = self._time(ts)
         entries, heap = self._entries, self._heap
         seq = self._seq

@@ -307,18 +307,7 @@ class WTinyLFUPolicy(SteadyMiss, BasePolicy):
                                    or not prob.keys().isdisjoint(keys)
                                    or not self._protected.keys().isdisjoint(keys)
                                    or len(set(keys)) != n))):
-            lost: list = []
-            insert = self.insert
-            for key in keys:
-                out = insert(key, 1, ts)
-                if out:
-                    lost.extend(out)
-            if lost and not fresh:
-                # A key resident before the batch may leave, come back as a key of the batch
-                # and leave again, or stay: one result per key that is gone, none for a key
-                # still resident (distinct absent keys, as ``fresh`` promises, never do that).
-                lost = [k for k in dict.fromkeys(lost) if k not in self]
-            return lost
+            return self._insert_each(keys, ts, fresh)
         pending = self._pending
         i = 0
         while i < n:
