@@ -278,7 +278,11 @@ class PendingValues:
     in two, so that the caller's thread goes on while the server answers.
 
     :meth:`poll` takes what has arrived without blocking and returns the values once the whole
-    reply is there (else None); :meth:`wait` blocks for it (up to ``timeout`` seconds in all).
+    reply is there (else None); :meth:`wait` blocks for it. ``timeout``: the seconds the server
+    may send nothing, counted from the request and again from each read that brought bytes
+    (redis-py's socket timeout bounds each wait for bytes the same way), so that a reply
+    that came in time but is taken in several polls, far apart (slow records between them),
+    is not failed as a timeout once the time since the request passes it.
     The reply is parsed by :func:`read_values` from the bytes received. A reply of a few dozen
     values arrives in one or two reads, and is parsed again after each; past ``_REPARSE``
     bytes (large values) :meth:`_whole` follows its element headers from where it stopped,
@@ -289,7 +293,7 @@ class PendingValues:
     reply); after one, or :meth:`cancel`, the object is done.
     """
 
-    __slots__ = ("_conn", "_sock", "_buf", "_scan", "_left", "_deadline", "done")
+    __slots__ = ("_conn", "_sock", "_buf", "_scan", "_left", "_timeout", "_deadline", "done")
 
     def __init__(self, conn: Any, sock: socket.socket, timeout: float | None) -> None:
         self._conn = conn
@@ -297,6 +301,8 @@ class PendingValues:
         self._buf: bytearray | None = None   # the bytes of a reply that took several reads
         self._scan = 0      # where _whole goes on: the next element's header in _buf
         self._left = -1     # elements after it (-1 before the array's header)
+        self._timeout = timeout or None
+        # when the server has sent nothing for the timeout (moved on by every read with bytes)
         self._deadline = None if not timeout else time.monotonic() + timeout
         self.done = False
 
@@ -344,6 +350,10 @@ class PendingValues:
                      else None)
             if chunk is not None:
                 _received(chunk)
+                if self._timeout is not None:
+                    # bytes came: the server is answering (a reply of several reads taken a
+                    # read per poll, polls far apart, failed at the time since the request)
+                    self._deadline = time.monotonic() + self._timeout
                 buf = self._buf
                 data: bytes | None
                 if buf is None:
@@ -385,7 +395,8 @@ class PendingValues:
             raise
 
     def wait(self) -> list[bytes | None]:
-        """Block until the whole reply is read (or the timeout given at the start passes)."""
+        """Block until the whole reply is read (or the server sends nothing for the timeout
+        given at the start)."""
         while True:
             values = self.poll()
             if values is not None:
