@@ -45,7 +45,7 @@ import sys
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import CacheError, IntegrityError, LevelUnavailableError
+from .errors import CacheError, CapacityError, IntegrityError, LevelUnavailableError
 
 __all__ = ["prefetching", "DepthController", "RecordKeyError", "Lookahead"]
 
@@ -428,15 +428,26 @@ class Lookahead(Iterator[Any]):
             with pf.demand():
                 self._m._load_into_heap([kb])
         except Exception as exc:
-            # Corrupt stored bytes stay an IntegrityError (not retryable), as a get raises it
-            # and as it comes when the fetch threads read: a LevelUnavailableError here told
-            # the caller to retry a read that can only fail again.
-            cls = IntegrityError if isinstance(exc, IntegrityError) else LevelUnavailableError
+            # Told as a get of the key tells it: corrupt stored bytes stay an IntegrityError
+            # (not retryable), a closed manager a CacheError, and a level that refuses this
+            # process (a password the server wants) stays not retryable; the key is the
+            # user's. Made a retryable LevelUnavailableError naming the key's bytes, they
+            # told the caller to retry reads that can only fail again.
+            cls: type[CacheError] = LevelUnavailableError
+            if isinstance(exc, IntegrityError):
+                cls = IntegrityError
+            elif isinstance(exc, CapacityError):
+                cls = CapacityError
+            elif isinstance(exc, CacheError) and not isinstance(exc, LevelUnavailableError):
+                cls = CacheError
             err = cls(
                 f"record {index}: the prefetch failed ({prefetch_error!r}) and the demand fetch "
-                f"failed too ({exc!r})", level=getattr(exc, "level", None), key=kb)
-            err.prefetch_error = prefetch_error  # type: ignore[union-attr]
-            err.index = index  # type: ignore[union-attr]
+                f"failed too ({exc!r})", level=getattr(exc, "level", None),
+                key=self._m._describe_key(kb))
+            if isinstance(exc, CacheError):
+                err.retryable = exc.retryable
+            err.prefetch_error = prefetch_error  # type: ignore[attr-defined]
+            err.index = index  # type: ignore[attr-defined]
             raise err from exc
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from mlcache import CacheConfig, CacheManager, HeapConfig, PrefetchConfig, RedisConfig
 from mlcache.config import RedisConfig as _RedisConfig
+from mlcache.errors import CacheError, IntegrityError, LevelUnavailableError
 from mlcache.levels.redis import RedisLevel
 from mlcache.prefetch import prefetching
 
@@ -59,3 +60,72 @@ def test_records_slower_than_the_timeout_still_take_their_split_reads(redis_url)
             time.sleep(0.03)
         st = m.stats()["prefetch"]
     assert st["split_reads"] >= 2 and st["failures"] == 0
+
+
+def _first_operator_error(m, keys):
+    """Run an operator over ``keys`` whose records' gets may fail (their errors are skipped):
+    the error the operator itself raises, or None."""
+    try:
+        for k in prefetching(keys, key=lambda k: ("k", k), cache=m):
+            try:
+                m.get(("k", k))
+            except CacheError:
+                continue
+    except CacheError as exc:
+        return exc
+    return None
+
+
+def test_an_operators_error_is_the_one_a_get_raises_not_retryable_when_that_is_not(
+        redis_server):
+    # Regression: when a record's prefetch failed and its demand fetch failed too, the operator
+    # raised a retryable LevelUnavailableError whatever the demand fetch raised: a server that
+    # wants a password (which a get raises as not retryable: retrying cannot change the
+    # answer) was told to the caller as retryable, and the error's key was the key's bytes, not
+    # the user's key a get names.
+    import redis
+
+    ns = _ns()
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=8, max_bytes=None),
+                      levels=(RedisConfig(url=redis_server.url, prefix=ns, retries=0),),
+                      namespace=ns, prefetch=PrefetchConfig())
+    admin = redis.Redis.from_url(redis_server.url)
+    with CacheManager(cfg) as m:
+        m.put_many({("k", k): k for k in range(60)})
+        m.flush()
+        m.put_many({("f", i): i for i in range(16)})
+        m.flush()
+        admin.config_set("requirepass", "sekret")
+        try:
+            admin.execute_command("AUTH", "sekret")
+            admin.client_kill_filter(_type="normal", skipme=True)
+            with pytest.raises(LevelUnavailableError) as direct:
+                m.get(("k", 0))
+            err = _first_operator_error(m, list(range(1, 60)))
+        finally:
+            admin.config_set("requirepass", "")
+        assert direct.value.retryable is False
+        assert isinstance(err, LevelUnavailableError) and "record" in str(err)
+        assert err.retryable is False
+        assert isinstance(err.key, tuple) and err.key[0] == "k"
+    admin.close()
+
+
+def test_an_operators_integrity_error_names_the_users_key(redis_server):
+    import redis
+
+    ns = _ns()
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=8, max_bytes=None),
+                      levels=(RedisConfig(url=redis_server.url, prefix=ns),),
+                      namespace=ns, prefetch=PrefetchConfig())
+    with CacheManager(cfg) as m:
+        m.put_many({("k", k): k for k in range(40)})
+        m.flush()
+        m.put_many({("f", i): i for i in range(16)})
+        m.flush()
+        admin = redis.Redis.from_url(redis_server.url)
+        admin.set(ns.encode() + b":" + m._encode_key(("k", 20)), b"not a value")
+        admin.close()
+        err = _first_operator_error(m, list(range(40)))
+    assert isinstance(err, IntegrityError) and err.retryable is False
+    assert err.key == ("k", 20) and err.index == 20
