@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._batchreads import _FAILED_MAX, _INLINE_BATCH, _SPLIT_BATCH
+from ._batchreads import _FAILED_MAX, _INLINE_BATCH, _SPLIT_BATCH, _without_frames
 from ._hints import HintBuffer
 from ._readpath import _Load
 
@@ -214,6 +214,8 @@ class StagedReads:
                 self.counters["failures"] += 1
                 if len(self._failed) + len(keys) > _FAILED_MAX:
                     self._failed.clear()
+                if isinstance(error, Exception):   # (a KeyboardInterrupt is raised on)
+                    _without_frames(error)
                 for kb in keys:
                     self._failed[kb] = error
             for kb in keys:
@@ -307,12 +309,15 @@ class StagedReads:
             return 0
         decode = m._codec.decode
         decoded = []
+        bad: list[tuple[bytes, Exception]] = []
         for item in items:
             try:
                 decoded.append((item, decode(item[1])))
             except Exception as exc:
-                # bad bytes: the record's own read will raise, naming the level and key
-                self._failed[item[0]] = exc
+                bad.append((item[0], exc))
+        for kb, failed in bad:
+            # bad bytes: the record's own read will raise, naming the level and key
+            self._failed[kb] = _without_frames(failed)
         installed: list[tuple[bytes, float]] = []
         dropped = 0
         with m._lock:
