@@ -19,9 +19,10 @@ the key is put or deleted again:
   forgets those nobody references any more.
 
 A victim nobody holds is not lent (the usual case: one reference count read per mutable
-victim), and neither is a value that a ``put_many`` evicted within the same call (the batch,
-and the caller's mapping, reference it; that is not the caller holding it), nor one object
-shared by every key holding it (:func:`shared_object`: the empty tuple, an enum member, a
+victim). A value that a ``put_many`` evicted within the same call is always lent: the batch and
+the caller's mapping reference it, so no count tells whether the caller keeps it, and the next
+look forgets it if not (a structure's own batch of nodes or chunks is not lent: it puts them
+again after every change). Nor is one object shared by every key holding it (:func:`shared_object`: the empty tuple, an enum member, a
 class, a function), whose reference count no caller explains. A value read from
 below that the heap did not admit (heavier than the heap, or declined by the policy) is lent
 at once: it is being returned, so it is held by definition.

@@ -51,7 +51,8 @@ class Namespace(KeyView):
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         pairs = items.items() if isinstance(items, Mapping) else items
-        self.manager._put_items([(key, self._kb(key), value) for key, value in pairs], None)
+        self.manager._put_items([(key, self._kb(key), value) for key, value in pairs], None,
+                        lend_own=True)
 
     def delete(self, key: Any) -> None:
         self.manager._delete_kbs([self._kb(key)])

@@ -57,7 +57,7 @@ class WritePath:
                 f"serializable ({exc})", key=key, value_type=type(value)) from exc
 
     def _put_items(self, items: list[tuple[Any, bytes, Any]], ts: float | None,
-                   weights: list[int] | None = None) -> None:
+                   weights: list[int] | None = None, *, lend_own: bool = False) -> None:
         if ts is not None:
             ts = event_time(ts)
         # ``weights``: per item, the value's memory in bytes as the caller maintains it (the
@@ -76,10 +76,16 @@ class WritePath:
                 encoded[kb] = (value, raw)
                 good_types.add(type(value))
             raws.append(raw)
-        # A batch larger than the heap evicts its own values as it goes: the batch (and the
-        # caller's mapping, often a temporary) references each, which is not the caller holding
-        # it, so they are not lent (see _queue_victims). One put's own value is: it was refused.
-        fresh = {kb for _, kb, _ in items} if len(items) > 1 and self._track else None
+        # A batch evicts some of its own values as it goes (a policy refuses them, or the batch
+        # is larger than the heap). The batch, and the caller's mapping, reference each, so the
+        # reference count cannot tell whether the caller holds one after the call: a public
+        # put_many (``lend_own``) lends them all, and the next look forgets those nobody holds
+        # (one more encoding each, to write a change made before they were dropped). A
+        # structure writing its own objects (quadtree nodes, list chunks), which puts them
+        # again after every change, does not (``fresh``: see _queue_victims). One put's own
+        # value is lent: it was refused.
+        fresh = ({kb for _, kb, _ in items} if len(items) > 1 and self._track and not lend_own
+                 else None)
         rc = self._records
         pre = rc.before_write([kb for _, kb, _ in items], ts) if rc is not None else None
         # A batch whose victims fill the eviction buffer stops to write it before it goes on

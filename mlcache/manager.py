@@ -529,7 +529,8 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         pairs = items.items() if isinstance(items, Mapping) else items
-        self._put_items([(key, self._kb(key), value) for key, value in pairs], None)
+        self._put_items([(key, self._kb(key), value) for key, value in pairs], None,
+                        lend_own=True)
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` everywhere (a tombstone hides lower copies until flushed)."""

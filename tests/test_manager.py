@@ -151,7 +151,8 @@ def test_lower_copy_stays_after_load_and_clean_eviction_writes_nothing(m):
 def test_eviction_buffer_hit_needs_no_io(disk_cfg):
     m = CacheManager(disk_cfg)
     m._wb.stop()                     # writer parked: victims stay in the buffer
-    m.put_many({i: [i] for i in range(6)})
+    for i in range(6):               # (put_many would lend its own victims until a look)
+        m.put(i, [i])
     assert m.stats()["writeback"]["pending"] == 3
     loads = m.stats()["levels"]["disk"]["loads"]
     assert m.get(0) == [0]
