@@ -26,7 +26,7 @@ import redis
 __all__ = ["PendingValues", "read_replies", "read_values", "request_values"]
 
 _first = itemgetter(0)
-_select = select.select
+_POLLIN = select.POLLIN
 _tail = itemgetter(slice(1, None))
 _DOLLAR = {36}   # b"$"[0]
 _RECV = 1 << 16   # bytes asked per socket read; a value this large is read as it is
@@ -293,11 +293,18 @@ class PendingValues:
     reply); after one, or :meth:`cancel`, the object is done.
     """
 
-    __slots__ = ("_conn", "_sock", "_buf", "_scan", "_left", "_timeout", "_deadline", "done")
+    __slots__ = ("_conn", "_sock", "_poller", "_buf", "_scan", "_left", "_timeout", "_deadline",
+                 "done")
 
     def __init__(self, conn: Any, sock: socket.socket, timeout: float | None) -> None:
         self._conn = conn
         self._sock = sock
+        # whether bytes came is asked with poll(2), not select(2): select cannot watch a
+        # descriptor past FD_SETSIZE (1024), and in a process with more files open (a Spark
+        # worker, a service with many connections) every split read failed ("filedescriptor
+        # out of range in select()"), and its records read their keys again
+        self._poller = select.poll()
+        self._poller.register(sock, _POLLIN)
         self._buf: bytearray | None = None   # the bytes of a reply that took several reads
         self._scan = 0      # where _whole goes on: the next element's header in _buf
         self._left = -1     # elements after it (-1 before the array's header)
@@ -346,8 +353,7 @@ class PendingValues:
         try:
             # (a socket with a timeout waits for data before any recv, MSG_DONTWAIT or not:
             # ask first whether some has come)
-            chunk = (self._sock.recv(_RECV) if _select([self._sock], (), (), 0)[0]
-                     else None)
+            chunk = self._sock.recv(_RECV) if self._poller.poll(0) else None
             if chunk is not None:
                 _received(chunk)
                 if self._timeout is not None:
@@ -402,7 +408,7 @@ class PendingValues:
             if values is not None:
                 return values
             left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
-            select.select([self._sock], [], [], 1.0 if left is None else min(left, 1.0))
+            self._poller.poll(1000 if left is None else min(left, 1.0) * 1000)
 
     def cancel(self) -> None:
         """Give the reply up: the connection is dropped (what it would still receive is out of
