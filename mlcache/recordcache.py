@@ -48,10 +48,12 @@ next write.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable, Hashable, Iterable
 
@@ -91,6 +93,15 @@ class _Cut:
         self.reason = reason
 
 
+class _Olds(dict):
+    """``before_write``'s answer: for keys of one write (``wanted``), the value each holds below,
+    read before the write took the lock (``None``: none), and the value any of them had when it
+    left the heap since (see ``RecordCache.note_victims``)."""
+
+    __slots__ = ("wanted", "__weakref__")
+    wanted: set[bytes]
+
+
 def _idents(listeners: list[Callable]) -> list[tuple[int, int]]:
     """Each listener's identity for a retry: its id and how many times it came before in the
     list (a function registered on a namespace and on the manager is called twice)."""
@@ -126,6 +137,11 @@ class RecordCache:
         # is the last value it saw; the others' is the last value every listener saw)
         self._seen: dict[bytes, dict[tuple[int, int], Any]] = {}
         self._cuts: deque[_Cut] = deque()
+        # the writes between before_write and their note_put/note_delete (each one's _Olds,
+        # alive while its write runs): a key of one that leaves the heap meanwhile leaves its
+        # value there, where note_put finds it (see note_victims)
+        self._writes: weakref.WeakValueDictionary[int, _Olds] = weakref.WeakValueDictionary()
+        self._write_ids = itertools.count()
         # Old values held outside the heap's count (a delete's, an update's): the weight each
         # had in the heap; past the budget, the next write cuts their namespaces.
         self._tombs: dict[bytes, int] = {}
@@ -179,6 +195,10 @@ class RecordCache:
             self._maybe_commit(ts)
         if not self._preload:
             return None
+        olds = _Olds()
+        olds.wanted = set(kbs)
+        with self.manager._lock:
+            self._writes[next(self._write_ids)] = olds
         data, old = self.data, self._old
         need = None
         for kb in kbs:
@@ -186,7 +206,10 @@ class RecordCache:
                 if need is None:
                     need = []
                 need.append(kb)
-        return self.manager._load_into_heap(need, ts) if need else None
+        if need:
+            olds.update(dict.fromkeys(need))
+            olds.update(self.manager._load_into_heap(need, ts))
+        return olds
 
     def _maybe_commit(self, ts: float | None) -> None:
         interval = self._interval
@@ -311,6 +334,14 @@ class RecordCache:
         """Lock held: a dirty victim still pending (refused as too heavy) keeps its new value
         only until its namespace is cut, at once, as the eviction of a dirty entry cuts it:
         held until the next flush, such values were memory outside the budget, unbounded."""
+        if self._writes:
+            # A key of a write under way that leaves the heap (evicted by that write's own
+            # items or its reading of old values, or by another thread's) may be gone from
+            # every place note_put looks before it looks (a clean victim is dropped, a dirty
+            # one written down by the writer thread): its value is what downstream saw last,
+            # the old of the write's record. (Its old was None, a put_many of 5 keys over a
+            # heap of 2 holding 2 of them.)
+            self._note_gone([(kb, value) for kb, value, _ in victims])
         policy = self.policy
         spaces: dict[Any, None] | None = None
         for kb, value, dirty in victims:
@@ -344,7 +375,20 @@ class RecordCache:
             else:
                 held.pop(kb, None)
             records.append((kb, new, old.pop(kb, None)))
+        if self._writes:
+            # a key of a write under way whose value was held outside the heap (an update or
+            # delete not yet forwarded) is now nowhere note_put looks: its old is this new
+            self._note_gone([(kb, new) for kb, new, _ in records])
         self._cuts.append(_Cut(space, records, reason))
+
+    def _note_gone(self, items: list[tuple[bytes, Any]]) -> None:
+        """Lock held: ``items`` (key, value) left the places ``_current`` looks at; a write
+        under way that has the key finds the value in its ``_Olds``."""
+        for olds in list(self._writes.values()):
+            wanted = olds.wanted
+            for kb, value in items:
+                if kb in wanted:
+                    olds[kb] = value
 
     def has_cuts(self) -> bool:
         return bool(self._cuts)
