@@ -145,3 +145,47 @@ def test_record_cache_against_a_dict_with_failing_listeners(tmp_path, seed):
         assert {k: m.get(k) for k in keys} == {k: model.get(k) for k in keys}
     finally:
         m.close()
+
+
+# -- disk level: opening while another connection holds the write lock ------------------------
+
+def test_opening_a_disk_level_waits_for_the_lock_only_as_long_as_its_timeout(tmp_path):
+    """diskcache retries each statement of opening a cache for 60 s when the database is
+    locked, whatever the timeout it is given: a manager opened with DiskConfig(timeout=0.3)
+    while another process held the write lock (a long checkpoint) waited a minute before
+    raising. It raises the level's error after its own timeout, and opens once the lock is
+    free. (A bound on a hang, not a timing: the old code is still waiting when the join gives
+    up.)"""
+    import sqlite3
+    import threading
+
+    from mlcache.errors import LevelUnavailableError
+
+    path = tmp_path / "disk"
+    config = CacheConfig(heap=HeapConfig(max_entries=4, max_bytes=None),
+                         levels=(DiskConfig(path=str(path), timeout=0.3),), namespace="open")
+    with CacheManager(config) as m:
+        m.put("k", [1])
+    lock = sqlite3.connect(str(path / "cache.db"), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    outcome: list = []
+
+    def open_it():
+        try:
+            outcome.append(CacheManager(config))
+        except Exception as exc:   # noqa: BLE001 (looked at below)
+            outcome.append(exc)
+
+    opener = threading.Thread(target=open_it, daemon=True)
+    try:
+        opener.start()
+        opener.join(timeout=15)
+        assert not opener.is_alive(), "opening waited past its timeout for the lock"
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+        opener.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], LevelUnavailableError), outcome
+    assert "database is locked" in str(outcome[0])
+    with CacheManager(config) as m:
+        assert m.get("k") == [1]

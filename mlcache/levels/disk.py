@@ -112,7 +112,30 @@ class _Shard(diskcache.Cache):
     def __init__(self, directory: str, *args: Any, **kwargs: Any) -> None:
         self._cons: dict[threading.Thread, sqlite3.Connection] = {}
         self._cons_lock = threading.Lock()
+        self._lock_wait = float(kwargs.get("timeout", 60))
         super().__init__(directory, *args, **kwargs)
+
+    @property
+    def _sql_retry(self) -> Any:
+        """diskcache's retry of a statement that found the database locked, for at most the
+        level's ``timeout``: its own retries for 60 s whatever the timeout, and it runs every
+        statement of opening a cache so (a manager opened while another process held the
+        write lock waited 60 s with ``DiskConfig(timeout=0.2)``), and ``reset`` on top of the
+        connection's own wait."""
+        sql = self._sql
+        limit = self._lock_wait
+
+        def execute(statement: str, *args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            while True:
+                try:
+                    return sql(statement, *args, **kwargs)
+                except sqlite3.OperationalError as exc:
+                    if str(exc) != "database is locked" or time.monotonic() - start >= limit:
+                        raise
+                    time.sleep(0.001)
+
+        return execute
 
     def _after_fork_in_child(self) -> None:
         """Set aside the connections of the parent's other threads, for good: one of them may
