@@ -147,17 +147,12 @@ class _Load:
     batch, and most batches have nobody waiting). A reader that finds the marker takes
     ``done`` while it holds the manager's lock; the loader removes its markers under that
     lock before it calls :meth:`finish`, so it sees every event a waiter took (and when none
-    was, nobody can wait any more).
+    was, nobody can wait any more)."""
 
-    ``error``: the level's error the fetch gave up with, set before :meth:`finish`; a waiter
-    whose keys would meet the same level first raises it rather than read again (see
-    ``ReadPath._load_into_heap``)."""
-
-    __slots__ = ("_done", "error")
+    __slots__ = ("_done",)
 
     def __init__(self) -> None:
         self._done: threading.Event | None = None
-        self.error: LevelUnavailableError | None = None
 
     @property
     def done(self) -> threading.Event:
@@ -171,16 +166,6 @@ class _Load:
         event = self._done
         if event is not None:
             event.set()
-
-
-def _waited_error(failed: LevelUnavailableError) -> LevelUnavailableError:
-    """The error of a read that waited for another thread's read of its keys, which gave up
-    on the level with ``failed``: raised in the waiting thread, as its own read would."""
-    err = LevelUnavailableError(f"{failed} (while another read of these keys was waited for)",
-                                level=failed.level, key=failed.key)
-    err.retryable = failed.retryable
-    err.__cause__ = failed
-    return err
 
 
 def event_time(ts: Any) -> float:
@@ -251,11 +236,10 @@ class ReadPath:
         todo = list(dict.fromkeys(keys_bytes))
         heap_st = self._cold.stats.levels["heap"]
         rounds = 0
-        failed: LevelUnavailableError | None = None   # the top level failed a read waited for
         while todo:
             rounds += 1
             mine: list[bytes] = []
-            waits: list[tuple[_Load, threading.Event]] = []
+            waits: list[threading.Event] = []
             retry: list[bytes] = []
             misses = 0
             with self._lock:
@@ -301,7 +285,7 @@ class ReadPath:
                             if prefetch:
                                 continue
                             if rounds < 3:
-                                waits.append((other, other.done))   # under the lock: _Load
+                                waits.append(other.done)   # under the lock: see _Load
                                 retry.append(kb)
                                 continue
                             # Still loading after two waits: read it ourselves, don't spin.
@@ -316,11 +300,6 @@ class ReadPath:
                     mine.append(kb)
                 if not prefetch:
                     heap_st.misses += misses
-                if mine and failed is not None:
-                    # The read we waited for (a prefetch's, another get's) gave up on the top
-                    # level, which ours would meet first: reading it again made a get of a key
-                    # in flight wait two rounds of the level's retries and timeouts
-                    raise _waited_error(failed)
                 if mine:
                     load = _Load()
                     loading.update(dict.fromkeys(mine, load))
@@ -343,7 +322,6 @@ class ReadPath:
                         moved = wb.moved_since(seq) if overlapped else None
                     if (not overlapped or rounds >= 3
                             or (moved is not None and moved.isdisjoint(mine))):
-                        load.error = exc   # (for the readers waiting for these keys)
                         raise
                     with wb.io_lock:
                         pass
@@ -357,10 +335,8 @@ class ReadPath:
                         with self._lock:
                             _unmark(mine, load, loading)
                     load.finish()
-            for other, event in waits:
+            for event in waits:
                 event.wait()
-                if failed is None and other.error is not None and self._meets_first(other.error):
-                    failed = other.error
             todo = retry
         # A read may push dirty victims into the buffer but never waits for room there (and
         # never fails because a write failed): back-pressure is for puts.
@@ -368,13 +344,6 @@ class ReadPath:
         if self._records is not None and not prefetch and self._records.has_cuts():
             self._records.forward()
         return out
-
-    def _meets_first(self, error: LevelUnavailableError) -> bool:
-        """Whether ``error`` is the top level's (by its name, when no other level has it):
-        every key a read still has to fetch meets that level first."""
-        levels = self._levels
-        return bool(levels) and error.level == levels[0].name and all(
-            level.name != error.level for level in levels[1:])
 
     def _read_lower(self, keys: list[bytes], out: dict[bytes, Any], ts: float | None,
                     prefetch: bool, seq: int | None = None, load: _Load | None = None,

@@ -29,7 +29,6 @@ from typing import Any
 from ._batchreads import _FAILED_MAX, _INLINE_BATCH, _SPLIT_BATCH, _without_frames
 from ._hints import HintBuffer
 from ._readpath import _Load
-from .errors import LevelUnavailableError
 
 __all__ = ["StagedReads"]
 
@@ -108,11 +107,7 @@ class StagedReads:
                 self._install_loaded(m, m._load_into_heap(rescue, None, prefetch=True), meta)
             if mine:
                 try:
-                    try:
-                        found, timings = m._read_levels(mine)
-                    except LevelUnavailableError as exc:
-                        load.error = exc   # a get waiting for these keys raises it
-                        raise
+                    found, timings = m._read_levels(mine)
                     staged = self._stage(m, mine, meta, found, timings, seq)
                 finally:
                     loading = m._cold.loading

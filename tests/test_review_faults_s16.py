@@ -242,58 +242,31 @@ def test_a_remembered_prefetch_failure_does_not_keep_the_reply_read_so_far(redis
         proxy.close()
 
 
-def test_a_get_of_a_key_a_fetch_thread_reads_from_a_hung_redis_waits_one_round():
-    # Regression: a get of a key a fetch thread is reading waits for that read (demand fetches
-    # never read a key twice); when the read gave up on a hung Redis (its retries and
-    # timeouts), the get then read the key itself, through as many again: twice what
-    # RedisConfig's retries and socket_timeout say (40 s with the defaults). It now raises
-    # the level's error once the read it waited for gave up on the level it would meet first.
-    # Counted in reads of the level, not in seconds.
-    import os
-    import signal
+def test_a_get_waiting_for_a_prefetch_that_fails_reads_the_key_itself(tmp_path):
+    # (passes: the documented fallback, kept) a record's get that waits for a prefetch of its
+    # key which then fails (a fault of the fetch thread's read only: a connection cut under
+    # it with no retries left) reads the key itself and gets it. Raising the prefetch's error
+    # to the waiting get instead, tried in this session to bound a get on a hung Redis to
+    # one round of timeouts, broke this: it is the price of the fallback
     import threading
 
-    from mlcache._redis_server import RedisServer
+    from mlcache import DiskConfig
+    from mlcache.bench._delayed import Delay, DelayedLevelConfig
 
-    server = RedisServer().start()
-    try:
-        cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=8, max_bytes=None),
-                          levels=(RedisConfig(url=server.url, prefix="hung", socket_timeout=0.3,
-                                              retries=0),),
-                          namespace="hung", prefetch=PrefetchConfig(fetch_mode="threads"))
-        with CacheManager(cfg) as m:
-            m.put_many({("k", k): k for k in range(20)})
-            m.flush()
-            m.put_many({("f", i): i for i in range(16)})
-            m.flush()
-            level = m._levels[0]
-            read = level.get_many
-            mine: list[int] = []
-
-            def counted(keys):
-                if not threading.current_thread().name.startswith("mlcache-prefetch"):
-                    mine.append(len(keys))
-                return read(keys)
-
-            level.get_many = counted
-            pf = m._get_prefetcher()
-            os.kill(server.proc.pid, signal.SIGSTOP)
-            try:
-                m.hint(("k", 3), 1e9)
-                deadline = time.monotonic() + 10
-                while not m._cold.loading and time.monotonic() < deadline:
-                    time.sleep(0.001)           # the fetch thread's read is out
-                assert m._cold.loading
-                with pytest.raises(LevelUnavailableError) as err:
-                    m.get(("k", 3))
-                assert err.value.level == "redis" and err.value.retryable
-                assert mine == []               # (it read the key again: [1])
-            finally:
-                os.kill(server.proc.pid, signal.SIGCONT)
-            level.get_many = read
-            assert m.get(("k", 3)) == 3 and pf.counters["failures"] == 1
-    finally:
-        server.cleanup()
+    delay = Delay(0.01)
+    cfg = CacheConfig(heap=HeapConfig(policy="lru", max_entries=1000, max_bytes=None),
+                      levels=(DelayedLevelConfig(inner=DiskConfig(path=str(tmp_path / "d")),
+                                                 delay=delay),),
+                      namespace="fb", prefetch=PrefetchConfig(fetch_mode="threads",
+                                                              hot_threshold=16))
+    with CacheManager(cfg) as m:
+        m.put_many({i: -i for i in range(120)})
+        m.checkpoint()
+    delay.fail = lambda keys: threading.current_thread().name.startswith("mlcache-prefetch")
+    with CacheManager(cfg) as m:
+        out = [m.get(r) for r in prefetching(range(120), key=lambda r: r, cache=m, depth=32)]
+        assert out == [-i for i in range(120)]
+        assert m.stats()["prefetch"]["failures"] >= 1
 
 
 class _Attached:
