@@ -312,11 +312,13 @@ def test_lru_order_decides_victims():
 
 def test_entry_larger_than_the_arena_is_capacity_error_naming_sizes():
     a = small_arena(40 * KiB)
+    a.may_evict = False     # the store of record: refused (above another level, passed down)
     a.put(b"keep", b"old")
     with pytest.raises(CapacityError, match=r"100000 bytes.*max_bytes=40960") as info:
         a.put_many([(b"new", b"n"), (b"keep", os.urandom(100_000))])
     assert info.value.level == "arena"
     assert a.get(b"keep") == b"old" and a.get(b"new") is None     # nothing changed
+    a.may_evict = True
     with pytest.raises(CapacityError, match="max_bytes=40960"):
         for _ in range(1000):
             a.append(b"keep", b"z" * 1000)
@@ -330,22 +332,55 @@ def test_entry_larger_than_the_arena_is_capacity_error_naming_sizes():
 def test_a_key_too_long_for_the_arena_is_refused_before_anything_is_evicted(policy, call):
     """A small value under a key longer than the whole arena took the unchecked fast path:
     the arena evicted every entry for room, then raised, and the victims it had taken out
-    were never handed back (lost)."""
+    were never handed back (lost). The store of record refuses it; above another level it
+    is handed down as a victim, evicting nothing."""
     a = small_arena(40 * KiB, policy=policy)
     held = {b"k%d" % i: b"v%d" % i * 20 for i in range(20)}
     for key, value in held.items():
         assert a.put(key, value) == []
     before = a.stats()
     key = b"K" * (64 * KiB)
-    with pytest.raises(CapacityError, match=r"max_bytes=40960.*for this key's index entry"):
+
+    def write():
         if call == "put":
-            a.put(key, b"v")
-        elif call == "put_many of one":
-            a.put_many([(key, b"v")])
-        else:
-            a.put_many([(b"other", b"o"), (key, b"v")])
+            return a.put(key, b"v")
+        if call == "put_many of one":
+            return a.put_many([(key, b"v")])
+        return a.put_many([(b"other", b"o"), (key, b"v")])
+
+    a.may_evict = False
+    with pytest.raises(CapacityError, match=r"max_bytes=40960.*for this key's index entry"):
+        write()
     assert a.stats() == before                              # nothing changed
     assert a.get_many(list(held)) == list(held.values())
+    a.may_evict = True
+    out = write()
+    assert out[-1] == (key, b"v") and key not in dict(out[:-1])   # passed down
+    if call != "put_many of two":
+        assert out == [(key, b"v")]                         # nothing evicted
+    assert a.get(key) is None
+    # ("other" may have evicted an entry for its room: returned, as every victim)
+    for k, v in held.items():
+        assert a.get(k) == v or dict(out).get(k) == v
+    check_invariants(a)
+    a.close()
+
+
+def test_an_entry_larger_than_the_arena_above_another_level_is_passed_down():
+    """An arena above another level refused an entry larger than itself with CapacityError:
+    the write-back put the batch back, so every flush raised it, close() never succeeded and
+    the rest of the batch never reached the level below either. It is handed down as a
+    victim (the other levels pass such values through too), and an older copy of the key
+    here goes, so it cannot hide the value below."""
+    a = small_arena(40 * KiB)
+    a.put(b"keep", b"old")
+    a.put(b"other", b"x")
+    big = os.urandom(100_000)
+    victims = a.put_many([(b"new", b"n"), (b"keep", b"small first"), (b"keep", big)])
+    assert victims == [(b"keep", big)]
+    assert a.get(b"keep") is None and a.get(b"new") == b"n" and a.get(b"other") == b"x"
+    assert a.put_many([(b"keep", big), (b"keep", b"small last")]) == []
+    assert a.get(b"keep") == b"small last"
     check_invariants(a)
     a.close()
 

@@ -189,3 +189,36 @@ def test_opening_a_disk_level_waits_for_the_lock_only_as_long_as_its_timeout(tmp
     assert "database is locked" in str(outcome[0])
     with CacheManager(config) as m:
         assert m.get("k") == [1]
+
+
+# -- an arena above the disk: a value larger than the arena ------------------------------------
+
+def test_a_value_larger_than_the_arena_above_the_disk_is_flushed_closed_and_read_back(tmp_path):
+    """An arena above the disk refused a value larger than itself with CapacityError: the
+    write-back put the batch back, so every flush raised it, close() never succeeded (the
+    manager stayed open), and the small values of the same batch never reached the disk;
+    guarantees.md says a level above the last never raises CapacityError. A key's older small
+    copy in the arena must not hide the large value either."""
+    from mlcache import ArenaConfig
+
+    config = CacheConfig(
+        heap=HeapConfig(policy="lru", max_entries=1, max_bytes=None),
+        levels=(ArenaConfig(max_bytes=24000, block_size=64, buffer_size=512),
+                DiskConfig(path=str(tmp_path / "disk"))),
+        namespace="ab")
+    big = bytes(range(256)) * 400          # 100 KiB: more than the whole arena
+    m = CacheManager(config)
+    try:
+        m.put("k", "small")
+        m.put("x", 1)
+        m.flush()                          # k's small copy is in the arena
+        m.put_many({"a": [1], "k": big, "b": {"n": 2}})
+        m.put("y", 2)
+        m.flush()
+        assert m.get("k") == big and m.get("a") == [1] and m.get("b") == {"n": 2}
+        m.put("y", 3)
+        assert m.get("k") == big
+    finally:
+        m.close()
+    with CacheManager(config) as again:
+        assert again.get("k") == big and again.get("a") == [1] and again.get("b") == {"n": 2}

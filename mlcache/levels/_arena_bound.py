@@ -179,12 +179,22 @@ class ArenaBound(BlockStore):
 
     # -- checks before a batch changes anything -------------------------------------------------
 
-    def _check_batch(self, items: Sequence[tuple[bytes, Any]]) -> Sequence[tuple[bytes, Any]]:
+    def _check_batch(self, items: Sequence[tuple[bytes, Any]],
+                     passed: list[tuple[bytes, Any]] | None = None
+                     ) -> Sequence[tuple[bytes, Any]]:
         """Validate a batch before anything changes; normalise non-bytes values to views.
 
         Raises TypeError for bad keys/values and CapacityError for an entry larger than the
-        arena, or, on a store of record, for a batch that does not fit.
+        arena, or, on a store of record, for a batch that does not fit. With ``passed`` (a
+        level below takes what this one cannot hold), an entry larger than the whole arena
+        is moved there instead of raising, with the key's earlier values in the batch (only
+        its last value counts); the batch left is returned.
         """
+        if passed is not None and any(self._no_room(key, value) for key, value in items):
+            last = dict(items)
+            big = [key for key, value in last.items() if self._no_room(key, value)]
+            passed.extend((key, last[key]) for key in big)
+            items = [(key, value) for key, value in last.items() if key not in big]
         small = self._small
         fixed: list[tuple[bytes, Any]] | None = None
         for n, (key, value) in enumerate(items):
@@ -207,6 +217,13 @@ class ArenaBound(BlockStore):
             items = list(dict(items).items())
             self._check_store_of_record(items)
         return items
+
+    def _no_room(self, key: Any, value: Any) -> bool:
+        """Whether no arena of this size could hold ``value`` under ``key`` (bad types are
+        left to the checks)."""
+        return (type(key) is bytes and isinstance(value, (bytes, bytearray, memoryview))
+                and (len(value) > self._small or len(key) > _SMALL_KEY)
+                and self._too_big(key, len(value)) is not None)
 
     def _check_store_of_record(self, items: Sequence[tuple[bytes, Any]]) -> None:
         bs = self.block_size

@@ -220,13 +220,17 @@ class ArenaLevel(ArenaBound):
             if not isinstance(items, (list, tuple)):
                 items = list(items)
             small = self._small
+            # An entry larger than the whole arena above another level goes straight to that
+            # level, as a victim: refused with CapacityError, it came back to every flush and
+            # kept close() from ever succeeding (with the rest of its write-back batch)
+            passed: Victims = []
             for key, value in items:
                 kind = type(value)
                 if type(key) is not bytes or (kind is not bytes and (
                         kind is not memoryview or value.format != "B" or value.ndim != 1)) \
                         or len(value) > small or len(key) > _SMALL_KEY \
                         or not (self.may_evict or self.lossy):
-                    items = self._check_batch(items)
+                    items = self._check_batch(items, passed if self.may_evict else None)
                     break
             if not (self.may_evict or self.lossy):
                 # The whole batch fits (checked); dropping the old values first makes every
@@ -240,6 +244,15 @@ class ArenaLevel(ArenaBound):
                         self._drop(key, old)
             victims: Victims = []
             sink = victims if self.may_evict else None
+            if passed:
+                # the older copy here goes too: it would hide the value written below
+                policy = self._policy
+                for key, _ in passed:
+                    old = self._index.get(key)
+                    if old is not None:
+                        if policy is not None:
+                            policy.remove(key)
+                        self._drop(key, old)
             store = self._store
             for key, value in items:
                 store(key, value, sink)
@@ -248,7 +261,7 @@ class ArenaLevel(ArenaBound):
                 # may go below, and none while the newer one is still here.
                 last_values = dict(victims)
                 victims = [(k, v) for k, v in last_values.items() if k not in self._index]
-            return victims
+            return victims + passed if passed else victims
 
     def put(self, key: bytes, value: bytes) -> Victims:
         """One entry: ``put_many([(key, value)])`` without the batch handling."""
