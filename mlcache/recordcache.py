@@ -48,14 +48,13 @@ next write.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Collection, Hashable, Iterable
 
 from .config import DedupConfig
 from .errors import ConfigError, SerializationError
@@ -99,7 +98,7 @@ class _Olds(dict):
     left the heap since (see ``RecordCache.note_victims``)."""
 
     __slots__ = ("wanted", "__weakref__")
-    wanted: set[bytes]
+    wanted: Collection[bytes]
 
 
 def _idents(listeners: list[Callable]) -> list[tuple[int, int]]:
@@ -137,11 +136,11 @@ class RecordCache:
         # is the last value it saw; the others' is the last value every listener saw)
         self._seen: dict[bytes, dict[tuple[int, int], Any]] = {}
         self._cuts: deque[_Cut] = deque()
-        # the writes between before_write and their note_put/note_delete (each one's _Olds,
-        # alive while its write runs): a key of one that leaves the heap meanwhile leaves its
-        # value there, where note_put finds it (see note_victims)
-        self._writes: weakref.WeakValueDictionary[int, _Olds] = weakref.WeakValueDictionary()
-        self._write_ids = itertools.count()
+        # each thread's last write, between before_write and its note_put/note_delete (a
+        # reference to its _Olds, dead once the write returned): a key of one that leaves the
+        # heap meanwhile leaves its value there, where note_put finds it (see note_victims).
+        # One entry a thread, replaced by its next write: no lock, no clean-up.
+        self._writes: dict[int, weakref.ref[_Olds]] = {}
         # Old values held outside the heap's count (a delete's, an update's): the weight each
         # had in the heap; past the budget, the next write cuts their namespaces.
         self._tombs: dict[bytes, int] = {}
@@ -196,9 +195,9 @@ class RecordCache:
         if not self._preload:
             return None
         olds = _Olds()
-        olds.wanted = set(kbs)
-        with self.manager._lock:
-            self._writes[next(self._write_ids)] = olds
+        olds.wanted = kbs if len(kbs) < 8 else set(kbs)
+        me, ref = threading.get_ident(), weakref.ref(olds)
+        self._writes[me] = ref
         data, old = self.data, self._old
         need = None
         for kb in kbs:
@@ -209,6 +208,7 @@ class RecordCache:
         if need:
             olds.update(dict.fromkeys(need))
             olds.update(self.manager._load_into_heap(need, ts))
+            self._writes[me] = ref   # (a listener the read forwarded to may have written)
         return olds
 
     def _maybe_commit(self, ts: float | None) -> None:
@@ -341,7 +341,9 @@ class RecordCache:
             # one written down by the writer thread): its value is what downstream saw last,
             # the old of the write's record. (Its old was None, a put_many of 5 keys over a
             # heap of 2 holding 2 of them.)
-            self._note_gone([(kb, value) for kb, value, _ in victims])
+            live = self._live_writes()
+            if live:
+                self._note_gone(live, [(kb, value) for kb, value, _ in victims])
         policy = self.policy
         spaces: dict[Any, None] | None = None
         for kb, value, dirty in victims:
@@ -378,13 +380,21 @@ class RecordCache:
         if self._writes:
             # a key of a write under way whose value was held outside the heap (an update or
             # delete not yet forwarded) is now nowhere note_put looks: its old is this new
-            self._note_gone([(kb, new) for kb, new, _ in records])
+            live = self._live_writes()
+            if live:
+                self._note_gone(live, [(kb, new) for kb, new, _ in records])
         self._cuts.append(_Cut(space, records, reason))
 
-    def _note_gone(self, items: list[tuple[bytes, Any]]) -> None:
+    def _live_writes(self) -> list[_Olds]:
+        """The writes under way (see ``_writes``)."""
+        return [olds for olds in (ref() for ref in list(self._writes.values()))
+                if olds is not None]
+
+    @staticmethod
+    def _note_gone(live: list[_Olds], items: list[tuple[bytes, Any]]) -> None:
         """Lock held: ``items`` (key, value) left the places ``_current`` looks at; a write
-        under way that has the key finds the value in its ``_Olds``."""
-        for olds in list(self._writes.values()):
+        under way (of ``live``) that has the key finds the value in its ``_Olds``."""
+        for olds in live:
             wanted = olds.wanted
             for kb, value in items:
                 if kb in wanted:
