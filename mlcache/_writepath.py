@@ -180,6 +180,8 @@ class WritePath:
                 self._cold.pin_errors.pop(kb, None)
                 if self._levels:
                     self._wb.delete(kb)
+        if rc is not None and rc.has_cuts():
+            rc.forward()   # what reading the old values cut, once the deletes are applied
         if self._heap is None and self._levels:
             self._wb.drain_all()
         else:

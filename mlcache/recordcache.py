@@ -25,7 +25,9 @@ How the pieces cooperate (the policy decides, the record cache acts, the manager
   One forwarding thread at a time: a cut taken by another thread, or by a nested call from
   a listener, is delivered by the loop already running, so each key's records stay in order.
 * **Failure**: a listener that raises stops the flush; the error reaches the caller of
-  ``flush()``/``put()``. Batches every listener took are done (written, never forwarded again);
+  ``flush()``/``put()``. A write that raises it was applied (what its reading of old values
+  cut is forwarded after the write, as its own evictions are), except the write an event-time
+  commit failed in (see below). Batches every listener took are done (written, never forwarded again);
   the rest return to the front of their namespace's dirty order, with the listeners that did
   take the failed batch remembered, so a retry gives each listener exactly what it missed;
   a key updated since goes to every listener, with as ``old`` the value each saw last.
@@ -148,6 +150,9 @@ class RecordCache:
         self._tombs_over = False
         self._listeners: dict[bytes | None, list[Callable]] = {}
         self._fwd_lock = threading.Lock()
+        # threads whose write is reading its old values: what that cuts waits for the write's
+        # own forwarding, after it is applied (see before_write)
+        self._defer: set[int] = set()
         self._fwd_owner: int | None = None
         self._reason = "evict"
         self._interval = self.config.commit_interval
@@ -188,15 +193,22 @@ class RecordCache:
 
     def before_write(self, kbs: list[bytes], ts: float | None) -> dict[bytes, Any] | None:
         """Outside the lock, before a put/delete: commit on interval expiry, read old values."""
+        me = threading.get_ident()
         if self._tombs_over and not self.manager._lock._is_owned():
-            self._cut_tombstones()      # (not from code holding the lock: it may forward)
+            # (not from code holding the lock); what it cuts is forwarded by the write, once
+            # applied (see _defer)
+            self._defer.add(me)
+            try:
+                self._cut_tombstones()
+            finally:
+                self._defer.discard(me)
         if self._interval is not None and self._fwd_owner != threading.get_ident():
             self._maybe_commit(ts)
         if not self._preload:
             return None
         olds = _Olds()
         olds.wanted = kbs if len(kbs) < 8 else set(kbs)
-        me, ref = threading.get_ident(), weakref.ref(olds)
+        ref = weakref.ref(olds)
         self._writes[me] = ref
         data, old = self.data, self._old
         need = None
@@ -207,8 +219,15 @@ class RecordCache:
                 need.append(kb)
         if need:
             olds.update(dict.fromkeys(need))
-            olds.update(self.manager._load_into_heap(need, ts))
-            self._writes[me] = ref   # (a listener the read forwarded to may have written)
+            # What loading them cuts (a dirty entry they evict) is forwarded by the write, once
+            # applied: forwarded here, a listener that raised made the put raise before it was
+            # applied, while the same error from the put's own evictions comes after (a caller
+            # who took it for the sink's and went on had lost that write).
+            self._defer.add(me)
+            try:
+                olds.update(self.manager._load_into_heap(need, ts))
+            finally:
+                self._defer.discard(me)
         return olds
 
     def _maybe_commit(self, ts: float | None) -> None:
@@ -431,8 +450,8 @@ class RecordCache:
     def forward(self) -> None:
         """Deliver the queued cuts in order (one forwarding thread at a time)."""
         me = threading.get_ident()
-        if self._fwd_owner == me:
-            return                    # a listener's nested call: the running loop delivers
+        if self._fwd_owner == me or me in self._defer:
+            return      # a listener's nested call (the running loop delivers), or a write's
         with self._fwd_lock:
             self._fwd_owner = me
             try:
