@@ -26,8 +26,8 @@ How the pieces cooperate (the policy decides, the record cache acts, the manager
   a listener, is delivered by the loop already running, so each key's records stay in order.
 * **Failure**: a listener that raises stops the flush; the error reaches the caller of
   ``flush()``/``put()``. A write that raises it was applied (what its reading of old values
-  cut is forwarded after the write, as its own evictions are), except the write an event-time
-  commit failed in (see below). Batches every listener took are done (written, never forwarded again);
+  or a wall-time commit cut is forwarded after the write, as its own evictions are), except
+  the write an event-time commit failed in (see below). Batches every listener took are done (written, never forwarded again);
   the rest return to the front of their namespace's dirty order, with the listeners that did
   take the failed batch remembered, so a retry gives each listener exactly what it missed;
   a key updated since goes to every listener, with as ``old`` the value each saw last.
@@ -258,7 +258,14 @@ class RecordCache:
             return
         self._next_commit = now + interval
         self.stats_counts["commits"] += 1
-        self.flush_all("commit", rounds=1)
+        # the dirty set as it is now, forwarded by the write once applied (see _defer): a
+        # listener that raised here made the write raise unapplied, and no write retries it
+        me = threading.get_ident()
+        self._defer.add(me)
+        try:
+            self.flush_all("commit", rounds=1)
+        finally:
+            self._defer.discard(me)
 
     def _interval_end(self, ts: float) -> float:
         """The start of the event-time interval after the one holding ``ts``. For ``ts=inf``

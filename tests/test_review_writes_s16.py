@@ -250,3 +250,31 @@ def test_a_put_whose_reading_of_old_values_forwards_to_a_failing_listener_is_app
         assert m.get("b") is None
         m.flush()
         assert [r for r in out if r[0] in ("a", "b")][-2:] == [("a", 2, 1), ("b", None, 1)]
+
+
+def test_a_put_whose_wall_time_commit_fails_in_a_listener_is_applied(tmp_path):
+    """A wall-time commit runs in the write that finds its interval over, before the write:
+    a listener that raised there made the put raise unapplied, and (unlike the event-time
+    commit, which the next write retries) nothing wrote it again: a stayed 1 for good."""
+    config = _dedup(tmp_path, 10, commit_interval=1e-9)    # every write commits
+    with CacheManager(config) as m:
+        fail = [False]
+        out = []
+
+        def listener(batch):
+            if fail[0]:
+                raise _Boom("sink down")
+            out.extend(batch)
+
+        m.on_flush(listener)
+        m.put("a", 1)
+        m.put("b", 1)
+        fail[0] = True
+        with pytest.raises(_Boom):
+            m.put("a", 2)
+        fail[0] = False
+        assert m.get("a") == 2
+        m.flush()
+        assert [r for r in out if r[0] == "a"] == [("a", 1, None), ("a", 2, 1)]
+    with CacheManager(config) as again:
+        assert again.get("a") == 2
