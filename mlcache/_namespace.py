@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from ._keyview import KeyView
 from ._readpath import MISSING, event_time, found_by_key
+from ._writepath import batch_items
 from .config import CacheConfig
 from .keys import namespace_prefix
 
@@ -50,9 +51,7 @@ class Namespace(KeyView):
         self.manager._put_items([(key, self._kb(key), value)], ts)
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        pairs = items.items() if isinstance(items, Mapping) else items
-        self.manager._put_items([(key, self._kb(key), value) for key, value in pairs], None,
-                        lend_own=True)
+        self.manager._put_items(batch_items(items, self._kb), None, lend_own=True)
 
     def delete(self, key: Any) -> None:
         self.manager._delete_kbs([self._kb(key)])

@@ -13,9 +13,10 @@ buffer down (writer threads, retries, the I/O lock) is :mod:`mlcache.writeback`'
 """
 from __future__ import annotations
 
+import reprlib
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from sys import getrefcount
 from typing import Any
 
@@ -23,7 +24,25 @@ from ._loans import LOAN_REFS, VICTIM_REFS, same_encoding, shared_object
 from ._readpath import IMMUTABLE, Digests, event_time, same_bytes
 from .errors import CacheError, SerializationError
 
-__all__ = ["WritePath"]
+__all__ = ["WritePath", "batch_items"]
+
+
+def batch_items(items: Mapping[Any, Any] | Iterable[tuple[Any, Any]],
+                kb: Callable[[Any], bytes]) -> list[tuple[Any, bytes, Any]]:
+    """``put_many``'s argument as ``(key, its bytes, value)``; an item of an iterable that is
+    not a ``(key, value)`` pair is a ``TypeError`` naming its position, not the interpreter's
+    "not enough values to unpack"."""
+    if isinstance(items, Mapping):
+        return [(key, kb(key), value) for key, value in items.items()]
+    out = []
+    for i, pair in enumerate(items):
+        try:
+            key, value = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"put_many: item {i} is {reprlib.repr(pair)}, not a (key, value) "
+                            "pair") from None
+        out.append((key, kb(key), value))
+    return out
 
 
 class WritePath:

@@ -38,7 +38,7 @@ from ._namespace import Namespace
 from ._prefetchhooks import PrefetchHooks
 from ._readpath import (IMMUTABLE, MISSING, Digests, ReadPath, _closed_error, _Load,
                         digest as _digest, event_time, found_by_key)
-from ._writepath import WritePath
+from ._writepath import WritePath, batch_items
 from .codec import Codec
 from .config import ArenaConfig, CacheConfig
 from .errors import CacheError, ConfigError, SerializationError
@@ -528,9 +528,7 @@ class CacheManager(ReadPath, WritePath, PrefetchHooks, HeapBudget, KeyView):
         self._put_items([(key, self._kb(key), value)], ts)
 
     def put_many(self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
-        pairs = items.items() if isinstance(items, Mapping) else items
-        self._put_items([(key, self._kb(key), value) for key, value in pairs], None,
-                        lend_own=True)
+        self._put_items(batch_items(items, self._kb), None, lend_own=True)
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` everywhere (a tombstone hides lower copies until flushed)."""

@@ -278,3 +278,18 @@ def test_a_put_whose_wall_time_commit_fails_in_a_listener_is_applied(tmp_path):
         assert [r for r in out if r[0] == "a"] == [("a", 1, None), ("a", 2, 1)]
     with CacheManager(config) as again:
         assert again.get("a") == 2
+
+
+@pytest.mark.parametrize("bad, index", [([("k",)], 0), ([("a", 1), 5], 1), ([("a", 1, 2)], 0),
+                                        ((p for p in [("a", 1), "xyz"]), 1)])
+def test_a_put_many_item_that_is_not_a_pair_is_named(tmp_path, bad, index):
+    """Regression (session 16): ``put_many([("k",)])`` raised the interpreter's "not enough
+    values to unpack", which did not say which item was malformed; nothing is written."""
+    config = CacheConfig(heap=HeapConfig(max_entries=4), levels=(DiskConfig(path=str(tmp_path)),))
+    items = list(bad)
+    with CacheManager(config) as m:
+        for target in (m, m.namespace("n")):
+            with pytest.raises(TypeError, match=f"put_many: item {index} is .* not a "
+                                                r"\(key, value\) pair"):
+                target.put_many(iter(items))
+        assert m.get("a") is None
