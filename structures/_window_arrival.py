@@ -179,7 +179,8 @@ class WindowArrival:
 
     def _append_general(self, record: Any, ts: float | None = None,
                         size: int | None = None) -> None:
-        """(``size``: the record's, from ``extend``, which checked the record already.)"""
+        """(``size``: the record's, from ``extend``, which checked the record and passes
+        its snapshot already.)"""
         if self.kind == "time":
             try:
                 if not ts >= self._wm:  # type: ignore[operator]
@@ -188,8 +189,8 @@ class WindowArrival:
                     return self._late(record, ts)  # type: ignore[arg-type]
             except TypeError:
                 raise _ts_error(ts) from None
-        if size is None:
-            size = self._codec.record_size(record)  # first: a refused record changes nothing
+        if size is None:  # first: a refused record changes nothing
+            record, size = self._codec.snapshot(record)   # a copy: the caller may reuse its own
             self._check_general(record)
         if self.kind == "time":
             if ts > self._next_slide:  # type: ignore[operator]
@@ -225,12 +226,12 @@ class WindowArrival:
                 if not ok:
                     raise self._not_finite(record)
 
-    def _check_batch(self, records: list, tss: list) -> list[int]:
+    def _check_batch(self, records: list, tss: list) -> list[tuple[Any, int]]:
         """What ``append`` would refuse in a batch of general records, checked before any of
-        them goes in: each record's encoding (its size, returned) and value and weight, and
-        on a time window each timestamp against the watermark the batch moves."""
-        sizes = [self._codec.record_size(rec) for rec in records]
-        for rec in records:
+        them goes in: each record's encoding (its snapshot and size, returned) and value and
+        weight, and on a time window each timestamp against the watermark the batch moves."""
+        snaps = [self._codec.snapshot(rec) for rec in records]
+        for rec, _ in snaps:
             self._check_general(rec)
         if self.kind == "time":
             wm = self._wm
@@ -248,7 +249,7 @@ class WindowArrival:
                 if t == _INF and self.slide is not None:
                     raise ValueError(_INFINITE_TS)
                 wm = t
-        return sizes
+        return snaps
 
     def _check_rows(self, rows: np.ndarray) -> None:
         """A batch of numeric records: finite values and weights, else refused whole."""
@@ -292,9 +293,9 @@ class WindowArrival:
                                  "timestamps")
             # a refused batch changes nothing, as a numeric one: checked whole first (it went
             # in a record at a time, so a bad record at i left records 0..i-1 in the window)
-            sizes = self._check_batch(records, tss)
+            snaps = self._check_batch(records, tss)
             append = self._append_general
-            for rec, t, size in zip(records, tss, sizes):
+            for (rec, size), t in zip(snaps, tss):
                 append(rec, t, size)
             return
         if not hasattr(batch, "__len__"):
@@ -401,7 +402,7 @@ class WindowArrival:
             record = tuple(row[0].tolist())
             p = self._partial(np.array([ts]), row, 0, 1)
         else:
-            self._codec.record_size(record)
+            record = self._codec.snapshot(record)[0]   # kept in the heap: a copy
             self._check_general(record)
             p = self._partial(np.array([ts]), [record], 0, 1)
         cold = self._cold

@@ -115,17 +115,29 @@ class GeneralCodec:
         return blk
 
     def record_size(self, record: Any) -> int:
+        return len(self._pack(record)) + 9  # + the float64 timestamp
+
+    def snapshot(self, record: Any) -> tuple[Any, int]:
+        """``(copy, size)``: the record as the block will hold it, decoded from its encoding
+        as if read back from the data file, and its size. The window keeps the copy, not the
+        caller's object: a dict reused for the next record (``rec["v"] = x; append(rec)``)
+        changed every tuple of the recent block before its aggregates were taken."""
+        buf = self._pack(record)
+        return (msgpack.unpackb(buf, raw=False, use_list=False, strict_map_key=False),
+                len(buf) + 9)
+
+    def _pack(self, record: Any) -> bytes:
         try:
-            size = len(self.packer.pack(record)) + 9  # + the float64 timestamp
+            buf = self.packer.pack(record)
         except (TypeError, ValueError, OverflowError) as exc:
             from mlcache.errors import SerializationError
 
             raise SerializationError(f"a window record must be msgpack-encodable: {exc}",
                                      value_type=type(record), level="window") from None
-        if size > self.limit:
-            raise ValueError(f"record of {size} bytes (encoded) exceeds the block size limit of "
-                             f"{self.limit} bytes (block_size={self.block_size})")
-        return size
+        if len(buf) + 9 > self.limit:
+            raise ValueError(f"record of {len(buf) + 9} bytes (encoded) exceeds the block size "
+                             f"limit of {self.limit} bytes (block_size={self.block_size})")
+        return buf
 
     def encode(self, blk: Block) -> bytes:
         return msgpack.packb([blk.ts.tolist(), blk.data], use_bin_type=True)
