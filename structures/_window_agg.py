@@ -108,6 +108,19 @@ class GroupTable:
         return self.keys[code]
 
 
+_PLAIN_KEYS = frozenset((str, int, bytes, bool))  # group keys hashable as they are, never NaN
+
+
+def _hashable(k: Any) -> Hashable:
+    """A group key as one hashable value: lists (and tuples, as keys come back from the data
+    file) as tuples, every NaN as the one ``math.nan`` (NaN != NaN would split its group)."""
+    if isinstance(k, (list, tuple)):
+        return tuple(_hashable(v) for v in k)
+    if type(k) is float and math.isnan(k):
+        return math.nan
+    return k
+
+
 def _canonical(k: Hashable) -> Hashable:
     if type(k) is tuple:
         return tuple(_canonical(v) for v in k)

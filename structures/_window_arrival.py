@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._window_agg import WindowState
+from ._window_agg import _PLAIN_KEYS, WindowState, _hashable
 
 __all__ = ["WindowArrival"]
 
@@ -86,6 +86,7 @@ class WindowArrival:
     _wi: int | None
     _vf: Callable[[Any], Any] | None  # and of a general one
     _wf: Callable[[Any], Any] | None
+    _gf: Callable[[Any], Any] | None  # the group key of a general record
 
     if TYPE_CHECKING:  # the engine's steps (structures.window._Windows)
         def _check_open(self) -> None: ...
@@ -214,7 +215,19 @@ class WindowArrival:
                           f"{record!r}")
 
     def _check_general(self, record: Any) -> None:
-        """A general window's value and weight of ``record``: finite numbers."""
+        """A general window's value and weight of ``record``: finite numbers; its group key:
+        hashable. (The key is read when the block's aggregates are taken, at a seal, a slide
+        or a result: an unhashable one, a dict, failed there, for the record appended and at
+        every later seal or result, the window stuck for good.)"""
+        gf = self._gf
+        if gf is not None:
+            k = gf(record)
+            if type(k) not in _PLAIN_KEYS:
+                try:
+                    hash(_hashable(k))
+                except TypeError:
+                    raise ValueError(f"a window's group keys must be hashable, got {k!r} from "
+                                     f"{record!r}") from None
         for f in (self._vf, self._wf):
             if f is not None:
                 x = f(record)

@@ -36,7 +36,8 @@ import numpy as np
 
 from mlcache.errors import ConfigError
 
-from ._window_agg import Aggregate, GroupTable, WindowState, extremes, partial
+from ._window_agg import (_PLAIN_KEYS, Aggregate, GroupTable, WindowState, _hashable,
+                          extremes, partial)
 from ._window_arrival import _INFINITE_TS, WindowArrival, _Cold
 from ._window_blocks import BlockRepository, GeneralCodec, NumericCodec
 from ._window_persist import discard, dump_state, load_state
@@ -432,19 +433,6 @@ def _getter(spec: Any) -> Callable[[Any], Any] | None:
     if spec is None or callable(spec):
         return spec
     return operator.itemgetter(spec)
-
-
-_PLAIN_KEYS = frozenset((str, int, bytes, bool))  # group keys hashable as they are, never NaN
-
-
-def _hashable(k: Any) -> Hashable:
-    """A group key as one hashable value: lists (and tuples, as keys come back from the data
-    file) as tuples, every NaN as the one ``math.nan`` (NaN != NaN would split its group)."""
-    if isinstance(k, (list, tuple)):
-        return tuple(_hashable(v) for v in k)
-    if type(k) is float and math.isnan(k):
-        return math.nan
-    return k
 
 
 class SlidingWindow(_Windows):

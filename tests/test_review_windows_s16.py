@@ -29,3 +29,24 @@ def test_a_general_record_reused_by_the_caller_is_kept_as_it_was_appended(how):
     got = win.results()[0] if how == "shared" else win.result()
     assert (got.count, got.sum) == (10, 45.0)
     win.close()
+
+
+@pytest.mark.parametrize("how", ["append", "extend", "late"])
+def test_an_unhashable_group_key_is_refused_at_append_and_the_window_continues(how):
+    # the key was read only when the block's aggregates were taken: append accepted a record
+    # grouped by a dict, and that seal / result and every later one raised TypeError
+    win = SlidingWindow(10.0, value="v", group_by=lambda r: r["g"], block_size=256,
+                        lateness=5.0)
+    win.append({"v": 1, "g": "a"}, ts=3.0)
+    bad = {"v": 2, "g": {"nested": 1}}
+    with pytest.raises(ValueError, match="group keys must be hashable"):
+        if how == "extend":
+            win.extend([{"v": 5, "g": "b"}, bad], [4.0, 4.0])
+        else:
+            win.append(bad, ts=1.0 if how == "late" else 4.0)
+    with pytest.raises(KeyError):   # the caller's own function failing reaches the caller
+        win.append({"v": 2}, ts=4.0)
+    win.append({"v": 3, "g": ["x", 1]}, ts=5.0)   # a list is a key (as a tuple)
+    got = win.result()
+    assert {k: a.sum for k, a in got.items()} == {"a": 1.0, ("x", 1): 3.0}
+    win.close()
