@@ -36,6 +36,21 @@ _NINF = -math.inf
 _INFINITE_TS = "a sliding time window needs finite timestamps, got inf"
 
 
+def _check_slide_ts(ts: float, slide: float) -> None:
+    """A timestamp a sliding time window can place on its grid of boundaries ``k * slide``:
+    finite, and small enough that floats near it are closer than ``slide``. Past that,
+    ``(k + 1) * slide`` rounds back to ``k * slide`` (``ts=2e16``, ``slide=1``: floats there are
+    4 apart) and the next boundary never passed the tuple: append looped for ever, calling
+    ``on_slide`` at the same boundary. ``-inf`` is let through (it fixes no grid and expires at
+    once, as on a window without slides)."""
+    if ts == _INF:  # infinitely many boundaries precede it
+        raise ValueError(_INFINITE_TS)
+    if ts > _NINF and math.ulp(ts) >= slide:
+        raise ValueError(f"timestamp {ts!r} is too large for slide={slide!r}: floats there are "
+                         f"{math.ulp(ts):g} apart, so slide boundaries cannot be told apart "
+                         f"(use timestamps relative to a recent origin, or a coarser slide)")
+
+
 def _ts_error(ts: Any) -> ValueError:
     if ts is None:
         return ValueError("a time window needs a numeric timestamp, its event time, for each "
@@ -259,8 +274,8 @@ class WindowArrival:
                         continue
                 except TypeError:
                     raise _ts_error(t) from None
-                if t == _INF and self.slide is not None:
-                    raise ValueError(_INFINITE_TS)
+                if self.slide is not None:
+                    _check_slide_ts(t, self.slide)
                 wm = t
         return snaps
 
@@ -331,14 +346,16 @@ class WindowArrival:
             return
         # (every comparison with a NaN is False, so a NaN anywhere takes the checked path)
         if tsa[0] >= self._wm and (tsa[1:] >= tsa[:-1]).all():
-            if tsa[-1] == math.inf and self.slide is not None:
-                raise ValueError(_INFINITE_TS)  # before any of the batch goes in
+            if self.slide is not None:  # before any of the batch goes in
+                _check_slide_ts(float(tsa[-1]), self.slide)
+                _check_slide_ts(float(tsa[0]), self.slide)
             self._ingest_time(rows, tsa)  # in order: the common case
             return
         if np.isnan(tsa).any():
             raise ValueError("a time window needs numeric timestamps, got NaN")
-        if self.slide is not None and (tsa == math.inf).any():
-            raise ValueError(_INFINITE_TS)
+        if self.slide is not None:
+            _check_slide_ts(float(tsa.max()), self.slide)
+            _check_slide_ts(float(tsa.min()), self.slide)
         prev = np.maximum.accumulate(np.concatenate(([self._wm], tsa[:-1])))
         late = np.flatnonzero(tsa < prev)
         if len(late) == 0:

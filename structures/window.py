@@ -29,7 +29,7 @@ import operator
 import os
 import tempfile
 import weakref
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 import numpy as np
@@ -38,7 +38,7 @@ from mlcache.errors import ConfigError
 
 from ._window_agg import (_PLAIN_KEYS, Aggregate, GroupTable, WindowState, _hashable,
                           extremes, partial)
-from ._window_arrival import _INFINITE_TS, WindowArrival, _Cold
+from ._window_arrival import WindowArrival, _check_slide_ts, _Cold
 from ._window_blocks import BlockRepository, GeneralCodec, NumericCodec
 from ._window_persist import discard, dump_state, load_state
 from ._window_results import window_result
@@ -276,19 +276,22 @@ class _Windows(WindowArrival):
     # -- slides ---------------------------------------------------------------------------------
     def _slide_to(self, ts: float) -> None:
         """Emit every slide boundary ``e < ts``: the window ``(e - range, e]`` is complete."""
-        if ts == math.inf:  # infinitely many boundaries: the loop below would never end
-            raise ValueError(_INFINITE_TS)
+        _check_slide_ts(ts, self.slide)  # type: ignore[arg-type]  # (else it never ends)
         self._apply_pending()
         if self._next_slide == -math.inf:  # the first tuple fixes the grid of boundaries
             self._next_slide = math.ceil(ts / self.slide) * self.slide  # type: ignore[operator]
             return
         while ts > self._next_slide:
             e = self._next_slide
-            self._expire(e)
-            self._emit(e)
             # the next multiple, k * slide: adding slide to the last one drifted (slide=0.1:
             # the 1000th boundary was 99.9999999999986, not 100.0, and left out ts=100.0)
-            self._next_slide = (round(e / self.slide) + 1) * self.slide  # type: ignore[operator]
+            nxt = (round(e / self.slide) + 1) * self.slide  # type: ignore[operator]
+            if not nxt > e:  # (_check_slide_ts keeps this away; never emit one boundary twice)
+                raise ValueError(f"slide boundaries do not advance past {e!r} with "
+                                 f"slide={self.slide!r}")
+            self._expire(e)
+            self._emit(e)
+            self._next_slide = nxt
 
     def _slide_count(self) -> None:
         self._apply_pending()

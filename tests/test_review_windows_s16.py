@@ -50,3 +50,33 @@ def test_an_unhashable_group_key_is_refused_at_append_and_the_window_continues(h
     got = win.result()
     assert {k: a.sum for k, a in got.items()} == {"a": 1.0, ("x", 1): 3.0}
     win.close()
+
+
+@pytest.mark.parametrize("how", ["append", "extend", "general", "general-extend"])
+def test_a_timestamp_too_large_for_the_slide_is_refused_not_a_hang(how):
+    # floats near 2e16 are 4 apart: the next boundary (k + 1) * 1.0 rounded back to k * 1.0,
+    # so the loop emitting boundaries before the tuple never ended (on_slide at 2e16 for ever)
+    slides = []
+
+    def on_slide(end, result):
+        slides.append(end)
+        if len(slides) > 100:
+            raise RuntimeError(f"on_slide called {len(slides)} times, last at {end!r}")
+
+    general = how.startswith("general")
+    opts = {} if general else {"columns": ("v",)}
+    win = SlidingWindow(10.0, value=(lambda r: r) if general else "v", slide=1.0,
+                        on_slide=on_slide, **opts)
+    rec = 1.0 if general else (1.0,)
+    for t in (1.0, 2.0, 3.0):
+        win.append(rec, ts=t)
+    before = win.result()
+    with pytest.raises(ValueError, match="too large for slide"):
+        if how.endswith("extend"):
+            win.extend([rec, rec], [4.0, 2e16])
+        else:
+            win.append(rec, ts=2e16)
+    assert win.result() == before and slides == [1.0, 2.0]
+    win.append(rec, ts=4.5)   # the window goes on
+    assert slides == [1.0, 2.0, 3.0, 4.0] and win.result().count == 4
+    win.close()
