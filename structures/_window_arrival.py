@@ -134,8 +134,10 @@ class WindowArrival:
         i = cur.n
         try:
             cur.data[i] = record   # first: a refused record must not move the watermark
+            if len(record) != self._codec.ncols:   # (numpy broadcast a short one to the row)
+                self._short_record(record)
         except (ValueError, TypeError):
-            raise self._bad_record(record) from None
+            self._short_record(record)
         # finite value and weight (row i is not counted until cur.n moves: a refusal leaves
         # nothing); read from the record, a float compare, else from the stored row
         vi = self._vi
@@ -168,8 +170,10 @@ class WindowArrival:
         i = cur.n
         try:
             cur.data[i] = record
+            if len(record) != self._codec.ncols:
+                self._short_record(record)
         except (ValueError, TypeError):
-            raise self._bad_record(record) from None
+            self._short_record(record)
         vi = self._vi   # finite value and weight: as _append_time checks them
         if vi is not None:
             try:
@@ -288,6 +292,20 @@ class WindowArrival:
                     raise ValueError(f"a window's values and weights must be finite numbers: "
                                      f"record {int(bad[0])} of the batch is "
                                      f"{tuple(rows[bad[0]].tolist())!r}")
+
+    def _short_record(self, record: Any) -> None:
+        """Raise for a numeric record that is not one number per column; except a plain
+        number on a window of one column. A row store broadcasts what it is given: a number,
+        or a record of one number, was copied into every column (``(7.0,)`` on columns
+        ``("g", "v", "w")`` was the tuple ``(7, 7, 7)``), a value and weight never given."""
+        if self._codec.ncols == 1 and np.ndim(record) == 0 and not isinstance(record,
+                                                                                (str, bytes)):
+            try:
+                self._cur.data[self._cur.n] = record
+                return
+            except (ValueError, TypeError):
+                pass
+        raise self._bad_record(record) from None
 
     def _bad_record(self, record: Any) -> ValueError:
         assert self.columns is not None

@@ -80,3 +80,22 @@ def test_a_timestamp_too_large_for_the_slide_is_refused_not_a_hang(how):
     win.append(rec, ts=4.5)   # the window goes on
     assert slides == [1.0, 2.0, 3.0, 4.0] and win.result().count == 4
     win.close()
+
+
+@pytest.mark.parametrize("kind", ["time", "count"])
+@pytest.mark.parametrize("bad", [5.0, [7.0], (7.0,)], ids=["number", "list-of-one", "one"])
+def test_a_numeric_record_short_of_columns_is_refused_not_broadcast(kind, bad):
+    # numpy's row store copied a number, or a record of one number, into every column:
+    # (7.0,) on ("g", "v", "w") became group 7, value 7, weight 7
+    win = SlidingWindow(10, kind=kind, columns=("g", "v", "w"), value="v", weight="w",
+                        group_by="g")
+    win.append((1.0, 2.0, 3.0), ts=1.0)
+    with pytest.raises(ValueError, match=r"3 numbers \('g', 'v', 'w'\)"):
+        win.append(bad, ts=2.0)
+    assert {g: (a.count, a.sum) for g, a in win.result().items()} == {1: (1, 6.0)}
+    one = SlidingWindow(10, kind=kind, columns=("v",), value="v")   # one column: a number is
+    one.append(5.0, ts=1.0)                                          # a record, as before
+    one.append((6.0,), ts=2.0)
+    assert (one.result().count, one.result().sum) == (2, 11.0)
+    win.close()
+    one.close()
