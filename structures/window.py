@@ -400,20 +400,22 @@ class _Windows(WindowArrival):
         temporary directory is removed instead)."""
         if self._closed:
             return
+        if not self._cold.own_dir:
+            # saved first, closed after: a write that fails (a full disk) reaches the caller
+            # and leaves the window open, so close() can be called again once there is room.
+            # (It was marked closed first: the retry returned at once, nothing was saved, and
+            # the reopened window had lost every tuple since the previous close.)
+            self._apply_pending()
+            self._repo.flush()
+            meta = self._dump()
+            tmp = os.path.join(self.directory, _META + ".tmp")
+            with open(tmp, "wb") as fh:
+                fh.write(msgpack.packb(meta, use_bin_type=True))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, os.path.join(self.directory, _META))
         self._closed = True
         self.append = self._append_closed  # type: ignore[method-assign]
-        if self._cold.own_dir:
-            self._cold.finalizer()
-            return
-        self._apply_pending()
-        self._repo.flush()
-        meta = self._dump()
-        tmp = os.path.join(self.directory, _META + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(msgpack.packb(meta, use_bin_type=True))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(self.directory, _META))
         self._cold.finalizer()
 
     def _append_closed(self, record: Any, ts: float | None = None) -> None:

@@ -99,3 +99,32 @@ def test_a_numeric_record_short_of_columns_is_refused_not_broadcast(kind, bad):
     assert (one.result().count, one.result().sum) == (2, 11.0)
     win.close()
     one.close()
+
+
+@pytest.mark.parametrize("numeric", [True, False])
+def test_a_close_that_fails_on_a_full_disk_can_be_retried(tmp_path, monkeypatch, numeric):
+    # close() marked the window closed before writing it: when a block write failed (a full
+    # disk) the retry returned at once, no metadata was written, and the window reopened on
+    # the directory was empty (every tuple since the previous close lost)
+    import errno
+    import os
+
+    opts = dict(kind="count", block_size=64, directory=tmp_path / "w")
+    opts.update(columns=("v",), value="v") if numeric else opts.update(value=0)
+    win = SlidingWindow(100, **opts)
+    for i in range(40):
+        win.append((float(i),) if numeric else [i])
+    write = os.pwrite
+
+    def full_disk(fd, buf, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    with pytest.raises(OSError):
+        win.close()
+    monkeypatch.setattr(os, "pwrite", write)
+    win.append((40.0,) if numeric else [40])   # still open
+    win.close()
+    again = SlidingWindow(100, **opts)
+    assert (again.result().count, again.result().sum) == (41, float(sum(range(41))))
+    again.close()
