@@ -187,7 +187,7 @@ class _Windows(WindowArrival):
                 w.add(p)
             cur.applied = cur.n
 
-    def _seal(self, expire: bool = True) -> None:
+    def _seal(self) -> None:
         self._apply_pending()
         cur = self._cur
         if cur.n == 0:
@@ -200,8 +200,7 @@ class _Windows(WindowArrival):
                 w.push_block(cur.seq, codes, lo, hi)
         self._cur = self._codec.new_block(cur.seq + 1, cur.start + cur.n)
         self._repo.add_sealed(cur)  # last: if a spilled block's write fails, cur is sealed
-        if expire:
-            self._expire()
+        self._expire()
 
     def _expire(self, now: float | None = None) -> None:
         """Expire every window up to event time ``now`` (default: the watermark) or by count,

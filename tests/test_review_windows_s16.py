@@ -128,3 +128,20 @@ def test_a_close_that_fails_on_a_full_disk_can_be_retried(tmp_path, monkeypatch,
     again = SlidingWindow(100, **opts)
     assert (again.result().count, again.result().sum) == (41, float(sum(range(41))))
     again.close()
+
+
+@pytest.mark.parametrize("kind", ["time", "count"])
+def test_one_large_extend_does_not_grow_the_data_file_beyond_the_window(kind):
+    # extend sealed a whole batch before expiring anything, so every block of the batch took
+    # a data-file slot: 200,000 ticks into a window of a few blocks left a 780-slot file (and
+    # 780 block writes), where appending them, or extending in small batches, keeps ~8
+    import numpy as np
+
+    win = SlidingWindow(1000, kind=kind, columns=("v",), value="v", block_size=4096)
+    ts = np.arange(200_000, dtype=float)
+    win.extend(ts.reshape(-1, 1), ts)
+    got = win.result()
+    assert (got.count, got.sum) == (1000, float(ts[-1000:].sum()))
+    stats = win.io_stats()
+    assert stats["file_slots"] <= 1000 // stats["block_capacity"] + 3, stats
+    win.close()
