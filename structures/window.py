@@ -473,6 +473,9 @@ class SharedWindows(_Windows):
     """
 
     def __init__(self, ranges: Iterable[float], **options: Any) -> None:
+        if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Iterable):
+            # (list(5) failed with "'int' object is not iterable", naming no argument)
+            raise ConfigError("ranges", f"must be a list of window ranges, got {ranges!r}")
         super().__init__(list(ranges), **options)
 
     def results(self) -> list[Any]:

@@ -145,3 +145,13 @@ def test_one_large_extend_does_not_grow_the_data_file_beyond_the_window(kind):
     stats = win.io_stats()
     assert stats["file_slots"] <= 1000 // stats["block_capacity"] + 3, stats
     win.close()
+
+
+@pytest.mark.parametrize("ranges", [5, None, "60"])
+def test_shared_windows_name_ranges_that_are_not_a_list(ranges):
+    # SharedWindows(60) (one range, as SlidingWindow takes it) was a TypeError "'int' object
+    # is not iterable", naming nothing; "60" was taken as the ranges "6" and "0"
+    from mlcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ranges"):
+        SharedWindows(ranges)
