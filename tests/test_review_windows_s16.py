@@ -155,3 +155,20 @@ def test_shared_windows_name_ranges_that_are_not_a_list(ranges):
 
     with pytest.raises(ConfigError, match="ranges"):
         SharedWindows(ranges)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_min_max_state_is_bounded_by_the_window_between_results(shared):
+    # the min/max deques dropped the entries of passed blocks only when a result was read: a
+    # rising value never pops the min deque from the back, so until the next result() it grew
+    # with the stream (a 100-tuple window: 25,000 entries, 1.6 MB, after 100,000 tuples)
+    import numpy as np
+
+    opts = dict(kind="count", columns=("v",), value="v", minmax=True, block_size=64)
+    win = SharedWindows([100, 40], **opts) if shared else SlidingWindow(100, **opts)
+    for k in range(0, 20_000, 1000):
+        win.extend(np.arange(k, k + 1000, dtype=float).reshape(-1, 1))
+    assert win.memory_bytes()["group_state"] < 20_000, win.memory_bytes()
+    got = win.results()[0] if shared else win.result()
+    assert (got.count, got.min, got.max) == (100, 19_900.0, 19_999.0)
+    win.close()
