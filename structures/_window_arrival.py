@@ -419,6 +419,11 @@ class WindowArrival:
 
     def _store(self, rows: np.ndarray, tsa: np.ndarray) -> None:
         """Copy a batch into blocks; its partial aggregate goes to every window at once."""
+        if not len(rows):
+            # (a count window whose boundary is still due, its on_slide having raised, gets
+            # an empty slice before it: a grouped window's partial of no rows has no codes,
+            # and every later extend failed with numpy's "zero-size array to reduction")
+            return
         self._apply_pending()
         p = self._partial(tsa, rows, 0, len(rows))
         for w in self._wins:

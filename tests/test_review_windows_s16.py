@@ -172,3 +172,28 @@ def test_min_max_state_is_bounded_by_the_window_between_results(shared):
     got = win.results()[0] if shared else win.result()
     assert (got.count, got.min, got.max) == (100, 19_900.0, 19_999.0)
     win.close()
+
+
+def test_extend_after_an_on_slide_failure_on_a_grouped_count_window():
+    # on_slide raising left a count window's boundary due; the next extend stored an empty
+    # slice before it, and a grouped window failed on it, that extend and every later one,
+    # with numpy's "zero-size array to reduction operation maximum"
+    import numpy as np
+
+    calls = []
+
+    def on_slide(end, result):
+        calls.append(end)
+        if len(calls) == 1:
+            raise RuntimeError("sink down")
+
+    win = SlidingWindow(10, kind="count", slide=5, on_slide=on_slide, columns=("g", "v"),
+                        value="v", group_by="g")
+    for i in range(4):
+        win.append((0.0, float(i)))
+    with pytest.raises(RuntimeError):
+        win.append((0.0, 4.0))
+    win.extend(np.array([[0.0, 5.0], [1.0, 6.0]]))
+    assert calls == [5, 5]   # the boundary that was due is reported, then the batch goes in
+    assert {g: a.count for g, a in win.result().items()} == {0: 6, 1: 1}
+    win.close()
