@@ -9,11 +9,11 @@ state spills mid-batch) with disk, an arena above disk, and Redis (bounded or no
 after a failure of the batch function past its jobs, through ``partitions``, ``pandas`` and
 ``pandas_udf``. One manager per worker process in all of them.
 
-Not fixed (strict xfail below): a run whose *downstream* stage fails (``.map(f)`` after the
-partition function raises) is closed by PySpark with ``GeneratorExit`` after the task failed,
-which the helper takes for an early stop (``take``) and commits as a completed run: the sink
-gets the partial change ``(key, value so far, old)``, a value the state never has once the
-batch commits.
+Fixed (the last test): a run whose *downstream* stage fails (``.map(f)`` after the partition
+function raises) is closed by PySpark with ``GeneratorExit`` after the task failed, which the
+helper took for an early stop (``take``) and committed as a completed run: the sink got the
+partial change ``(key, value so far, old)``, a value the state never has once the batch
+commits. A close with no frame of PySpark's worker on the stack now counts as a failure.
 """
 from __future__ import annotations
 
@@ -94,8 +94,6 @@ def test_failed_part_way_then_replayed_twice_with_redis_and_a_tiny_heap(spark, t
     assert all(n == 1 for n in cache.creations().values())
 
 
-@pytest.mark.xfail(strict=True, reason="a run closed after a downstream failure is committed "
-                   "as completed: its partial changes reach the sink (not fixed, session 16)")
 def test_a_task_failing_downstream_forwards_nothing_to_the_sink(spark, tmp_path):
     cfg = CacheConfig(levels=(DiskConfig(path=str(tmp_path / "d")),),
                       namespace="s16" + uuid.uuid4().hex[:8])

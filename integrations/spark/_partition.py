@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import sys
 import threading
 import typing
 import uuid
@@ -237,11 +238,43 @@ def _rows(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, records: Iterab
         # The consumer stopped reading (take, first, isEmpty: PySpark closes the iterator).
         # The function did not fail and what it changed is the state once flushed, so the run
         # commits and forwards its changes as a completed one; treated as failed, they stayed
-        # in the state but never reached the sinks, promised every durable change.
-        completed = True
+        # in the state but never reached the sinks, promised every durable change. Unless the
+        # task has already ended: a later stage of it failed (see _task_over).
+        completed = not _task_over()
         raise
     finally:
         run.finish(completed)
+
+
+def _task_over() -> bool:
+    """Whether the generator is being closed after its Spark task ended, not by the task.
+
+    A stage after the partition function that raises (``.map(f)`` on its output) fails the
+    task with the generator suspended at a ``yield``: PySpark's worker reports the failure and
+    the generator is closed only when the error's frames are let go, in the daemon, after
+    ``pyspark.worker.main`` returned. That ``GeneratorExit`` looks like a ``take()``'s, which
+    PySpark's worker sends from inside its task loop (closing the output iterator). Counted
+    as an early stop, the failed run committed and forwarded its partial changes: the sink
+    got a value the state never holds once the batch commits (``a 3 None`` where the replay
+    makes ``a`` 10). So: in a Spark worker (a task context is set), a close with no frame of
+    PySpark's worker module (``pyspark/worker.py``, or a module under ``pyspark/**/worker*``)
+    on the stack comes after the task. Outside Spark (a partition function called directly)
+    a close is the caller's early stop, as before. (With ``spark.python.use.daemon=false``
+    the worker module is the process's main script and its frame stays on the stack: there
+    such a failure is still forwarded.)"""
+    try:
+        from pyspark import TaskContext
+    except ImportError:   # pragma: no cover (the integration needs pyspark)
+        return False
+    if TaskContext.get() is None:
+        return False
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/pyspark/" in path and "worker" in path.rsplit("/pyspark/", 1)[1]:
+            return False
+        frame = frame.f_back
+    return True
 
 
 def _output(fn: Any, out: Any) -> Iterable[Any]:
@@ -467,8 +500,9 @@ def _frames(fn: Callable[..., Iterable[Any]], spec: PartitionSpec, frames: Itera
         # The consumer stopped reading (take, first, isEmpty: PySpark closes the iterator).
         # The function did not fail and what it changed is the state once flushed, so the run
         # commits and forwards its changes as a completed one; treated as failed, they stayed
-        # in the state but never reached the sinks, promised every durable change.
-        completed = True
+        # in the state but never reached the sinks, promised every durable change. Unless the
+        # task has already ended: a later stage of it failed (see _task_over).
+        completed = not _task_over()
         raise
     finally:
         run.finish(completed)
