@@ -207,11 +207,24 @@ class _Windows(WindowArrival):
         then give back the blocks the largest window has left (SlideM Procedure 2)."""
         cur = self._cur
         total = cur.start + cur.applied
-        for i, w in enumerate(self._wins):
-            if self.kind == "time":
-                self._expire_window(i, w, (self._wm if now is None else now) - w.range, None)
-            else:
-                self._expire_window(i, w, None, total - w.range)
+        wins = self._wins
+        step = len(wins) > 1
+        pending: Sequence[int] = range(len(wins))
+        while pending:
+            # several windows move a block at a time in turn: one running a batch ahead over
+            # more blocks than the pool holds had evicted them before the next window read
+            # them, so each block was read once per window (SSM's sharing lost to extend)
+            moved = []
+            for i in pending:
+                w = wins[i]
+                if self.kind == "time":
+                    cutoff = (self._wm if now is None else now) - w.range
+                    more = self._expire_window(i, w, cutoff, None, step)
+                else:
+                    more = self._expire_window(i, w, None, total - w.range, step)
+                if more:
+                    moved.append(i)
+            pending = moved
         self._release_passed()
         self._repo.prefetch()
 
@@ -224,7 +237,9 @@ class _Windows(WindowArrival):
             self._oldest += 1
 
     def _expire_window(self, i: int, w: WindowState, cutoff: float | None,
-                       target: int | None) -> None:
+                       target: int | None, step: bool = False) -> bool:
+        """Expire window ``w`` up to ``cutoff`` (time) or ``target`` (count); with ``step``,
+        stop after moving past one block and say so (True: there may be more to expire)."""
         late = w.late
         while late and (cutoff is not None and late[0][0] <= cutoff):
             t, _, rec = heapq.heappop(late)
@@ -241,9 +256,9 @@ class _Windows(WindowArrival):
             if off < n:
                 if cutoff is not None:
                     if not recent and (first_ts if off == 0 else w.next_ts) > cutoff:
-                        return  # nothing due: do not read the block
+                        return False  # nothing due: do not read the block
                 elif start + off >= target:  # type: ignore[operator]
-                    return
+                    return False
                 if recent:
                     ts, data = cur.ts, cur.data
                 else:
@@ -258,13 +273,15 @@ class _Windows(WindowArrival):
                     w.off = end
                 if end < n:
                     w.next_ts = float(ts[end])
-                    return
+                    return False
             if recent:
-                return
+                return False
             w.seq, w.off = seq + 1, 0
             repo.policy.set_cursor(i, seq + 1)
             if seq == self._oldest:
                 self._release_passed()
+            if step:
+                return True
 
     def _sub_one(self, w: WindowState, rec: Any, t: float) -> None:
         if self.columns is not None:

@@ -197,3 +197,24 @@ def test_extend_after_an_on_slide_failure_on_a_grouped_count_window():
     assert calls == [5, 5]   # the boundary that was due is reported, then the batch goes in
     assert {g: a.count for g, a in win.result().items()} == {0: 6, 1: 1}
     win.close()
+
+
+def test_shared_windows_read_a_block_once_when_a_batch_spans_more_than_the_pool():
+    # each window was expired in turn over the whole batch: the first, running ahead over
+    # more blocks than the pool holds, evicted them before the next window read them, so two
+    # equal windows read every block twice through extend (SSM's sharing lost); block by
+    # block in turn, they read it once, as one window does
+    import numpy as np
+
+    ts = np.arange(20_000, dtype=float)
+    opts = dict(columns=("v",), value="v", block_size=256, buffer_blocks=6)
+    one = SlidingWindow(2000.0, **opts)
+    two = SharedWindows([2000.0, 2000.0], **opts)
+    for win in (one, two):
+        for i in range(0, len(ts), 500):
+            win.extend(ts[i:i + 500].reshape(-1, 1), ts[i:i + 500])
+    assert [r.count for r in two.results()] == [one.result().count] * 2 == [2000, 2000]
+    assert two.io_stats()["reads"] <= one.io_stats()["reads"] + 1, (two.io_stats(),
+                                                                     one.io_stats())
+    one.close()
+    two.close()
