@@ -33,6 +33,7 @@ __all__ = ["WindowArrival"]
 _F8 = np.float64
 _INF = math.inf
 _NINF = -math.inf
+_TEXT = (str, bytes)   # a record that is text is refused, not read as one number per column
 _INFINITE_TS = "a sliding time window needs finite timestamps, got inf"
 
 
@@ -134,7 +135,9 @@ class WindowArrival:
         i = cur.n
         try:
             cur.data[i] = record   # first: a refused record must not move the watermark
-            if len(record) != self._codec.ncols:   # (numpy broadcast a short one to the row)
+            if len(record) != self._codec.ncols or isinstance(record, _TEXT):
+                # (numpy broadcast a short one to the row, and a string's number: "123" on
+                # three columns was (123, 123, 123))
                 self._short_record(record)
         except (ValueError, TypeError):
             self._short_record(record)
@@ -170,7 +173,7 @@ class WindowArrival:
         i = cur.n
         try:
             cur.data[i] = record
-            if len(record) != self._codec.ncols:
+            if len(record) != self._codec.ncols or isinstance(record, _TEXT):
                 self._short_record(record)
         except (ValueError, TypeError):
             self._short_record(record)

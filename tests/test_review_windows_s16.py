@@ -83,7 +83,8 @@ def test_a_timestamp_too_large_for_the_slide_is_refused_not_a_hang(how):
 
 
 @pytest.mark.parametrize("kind", ["time", "count"])
-@pytest.mark.parametrize("bad", [5.0, [7.0], (7.0,)], ids=["number", "list-of-one", "one"])
+@pytest.mark.parametrize("bad", [5.0, [7.0], (7.0,), "123", b"123"],
+                         ids=["number", "list-of-one", "one", "string", "bytes"])
 def test_a_numeric_record_short_of_columns_is_refused_not_broadcast(kind, bad):
     # numpy's row store copied a number, or a record of one number, into every column:
     # (7.0,) on ("g", "v", "w") became group 7, value 7, weight 7
@@ -96,6 +97,8 @@ def test_a_numeric_record_short_of_columns_is_refused_not_broadcast(kind, bad):
     one = SlidingWindow(10, kind=kind, columns=("v",), value="v")   # one column: a number is
     one.append(5.0, ts=1.0)                                          # a record, as before
     one.append((6.0,), ts=2.0)
+    with pytest.raises(ValueError):
+        one.append("7", ts=3.0)   # text is not a number, even of the right length
     assert (one.result().count, one.result().sum) == (2, 11.0)
     win.close()
     one.close()
