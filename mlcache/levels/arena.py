@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..config import ArenaConfig
 from ..errors import ConfigError, LevelUnavailableError
@@ -235,24 +235,12 @@ class ArenaLevel(ArenaBound):
             if not (self.may_evict or self.lossy):
                 # The whole batch fits (checked); dropping the old values first makes every
                 # intermediate state a subset of the final one, so no step can overflow.
-                policy = self._policy
-                for key, _ in items:
-                    old = self._index.get(key)
-                    if old is not None:
-                        if policy is not None:
-                            policy.remove(key)
-                        self._drop(key, old)
+                self._drop_keys(items)
             victims: Victims = []
             sink = victims if self.may_evict else None
             if passed:
                 # the older copy here goes too: it would hide the value written below
-                policy = self._policy
-                for key, _ in passed:
-                    old = self._index.get(key)
-                    if old is not None:
-                        if policy is not None:
-                            policy.remove(key)
-                        self._drop(key, old)
+                self._drop_keys(passed)
             store = self._store
             for key, value in items:
                 store(key, value, sink)
@@ -262,6 +250,16 @@ class ArenaLevel(ArenaBound):
                 last_values = dict(victims)
                 victims = [(k, v) for k, v in last_values.items() if k not in self._index]
             return victims + passed if passed else victims
+
+    def _drop_keys(self, items: Iterable[tuple[bytes, Any]]) -> None:
+        """Lock held: drop the stored value of each key of ``items`` (if any), policy too."""
+        policy = self._policy
+        for key, _ in items:
+            old = self._index.get(key)
+            if old is not None:
+                if policy is not None:
+                    policy.remove(key)
+                self._drop(key, old)
 
     def put(self, key: bytes, value: bytes) -> Victims:
         """One entry: ``put_many([(key, value)])`` without the batch handling."""
