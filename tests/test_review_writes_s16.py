@@ -65,6 +65,19 @@ class _Boom(Exception):
     pass
 
 
+def _failing_listener(m):
+    """A listener on ``m`` that records what it is given, or raises while ``fail[0]``."""
+    fail, out = [False], []
+
+    def listener(batch):
+        if fail[0]:
+            raise _Boom("sink down")
+        out.extend(batch)
+
+    m.on_flush(listener)
+    return fail, out
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_record_cache_against_a_dict_with_failing_listeners(tmp_path, seed):
     """Random puts, put_manys, deletes, reads and flushes through a record cache over disk
@@ -224,15 +237,7 @@ def test_a_put_whose_reading_of_old_values_forwards_to_a_failing_listener_is_app
     after it is applied. A caller who took the error for the sink's and went on had lost the
     write (a stayed 1). Both are now forwarded after the write, and so for a delete."""
     with CacheManager(_dedup(tmp_path, 1)) as m:
-        fail = [False]
-        out = []
-
-        def listener(batch):
-            if fail[0]:
-                raise _Boom("sink down")
-            out.extend(batch)
-
-        m.on_flush(listener)
+        fail, out = _failing_listener(m)
         m.put("a", 1)
         m.flush()
         m.put("b", 1)                       # dirty, resident; a is below only
@@ -258,15 +263,7 @@ def test_a_put_whose_wall_time_commit_fails_in_a_listener_is_applied(tmp_path):
     commit, which the next write retries) nothing wrote it again: a stayed 1 for good."""
     config = _dedup(tmp_path, 10, commit_interval=1e-9)    # every write commits
     with CacheManager(config) as m:
-        fail = [False]
-        out = []
-
-        def listener(batch):
-            if fail[0]:
-                raise _Boom("sink down")
-            out.extend(batch)
-
-        m.on_flush(listener)
+        fail, out = _failing_listener(m)
         m.put("a", 1)
         m.put("b", 1)
         fail[0] = True
